@@ -1,0 +1,10 @@
+"""SGLang general-plugin entry point (group ``sglang.srt.plugins``)."""
+
+from __future__ import annotations
+
+
+def load() -> None:
+    """Called by SGLang's ``load_plugins()`` in every SGLang process."""
+    from sglang_dspark import seams
+
+    seams.install()

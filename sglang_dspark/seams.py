@@ -1,0 +1,118 @@
+"""Every SGLang seam sglang-dspark touches, in one place.
+
+An SGLang upgrade is a review of this file: each entry names the SGLang symbol it
+relies on, why, and whether it applies to all devices or only to CPU runs.  Every
+target is resolved eagerly by :func:`verify_targets`, so a moved symbol fails at
+start-up with a message naming the pinned SGLang version instead of silently
+doing nothing (``HookRegistry.apply_hooks`` only logs failures).
+
+Seams used
+----------
+Entry points (pyproject.toml):
+  * ``sglang.srt.platforms: dspark_cpu_boot`` -> :func:`sglang_dspark.cpu.boot.activate`
+    (early CPU bootstrap: ``SGLANG_USE_CPU_ENGINE``, ``sgl_kernel`` CPU ops).
+  * ``sglang.srt.plugins: dspark`` -> :func:`sglang_dspark.plugin.load` (this file).
+
+Registrations:
+  * ``attention_registry.register_attention_backend("dspark_cpu")`` + choices:
+    SGLang's ``IntelAMXAttnBackend`` under a name that is not silently downgraded to
+    ``torch_native`` when AMX weight packing is missing (CPU only).
+
+Hooks (``HookRegistry``), see ``HOOKS`` below for the exact targets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pkgutil
+from dataclasses import dataclass
+from typing import Callable
+
+logger = logging.getLogger(__name__)
+
+SGLANG_PINNED = "0.5.23"
+CPU_ATTENTION_BACKEND = "dspark_cpu"
+
+
+@dataclass(frozen=True)
+class Seam:
+    target: str          # dotted path HookRegistry patches (or a symbol we rely on)
+    kind: str            # "before" | "after" | "around" | "replace" | "requires"
+    why: str
+    cpu_only: bool
+    hook: Callable | None = None
+
+
+class SeamError(RuntimeError):
+    pass
+
+
+def sglang_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("sglang")
+    except Exception:
+        return "unknown"
+
+
+def verify_targets(seams: list[Seam]) -> None:
+    missing = []
+    for s in seams:
+        try:
+            pkgutil.resolve_name(s.target)
+        except (ImportError, AttributeError) as e:
+            missing.append(f"{s.target} ({type(e).__name__}: {e})")
+    if missing:
+        raise SeamError(
+            f"sglang-dspark {__import__('sglang_dspark').__version__} supports SGLang "
+            f"{SGLANG_PINNED}, but the installed SGLang {sglang_version()} lacks: "
+            + "; ".join(missing)
+            + f". Install sglang=={SGLANG_PINNED} (pip install 'sglang=={SGLANG_PINNED}')."
+        )
+
+
+def is_cpu_run() -> bool:
+    return os.environ.get("SGLANG_USE_CPU_ENGINE") == "1" and os.environ.get(
+        "SGLANG_DSPARK_CPU", "1") != "0"
+
+
+def all_seams() -> list[Seam]:
+    from sglang_dspark.cpu import patches as cpu
+    from sglang_dspark import worker
+
+    seams = [
+        Seam("sglang.srt.speculative.dspark_components.dspark_worker_v2.DSparkWorkerV2",
+             "replace", "run our DSpark worker (subclass) for --speculative-algorithm DSPARK",
+             cpu_only=False, hook=worker.DSparkControlledWorker),
+    ]
+    seams += cpu.seams()
+    return seams
+
+
+def install() -> list[Seam]:
+    """Register every hook (called once per SGLang process by the plugin)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    kinds = {"before": HookType.BEFORE, "after": HookType.AFTER,
+             "around": HookType.AROUND, "replace": HookType.REPLACE}
+    seams = [s for s in all_seams() if is_cpu_run() or not s.cpu_only]
+    verify_targets(seams)
+    for s in seams:
+        if s.kind in kinds and s.hook is not None:
+            HookRegistry.register(s.target, s.hook, kinds[s.kind])
+    if is_cpu_run():
+        from sglang_dspark.cpu import patches as cpu
+
+        cpu.register_backends()
+    logger.info("sglang-dspark: %d SGLang seams installed (cpu=%s)", len(seams), is_cpu_run())
+    return seams
+
+
+def describe() -> list[dict]:
+    return [
+        {k: v for k, v in dataclasses.asdict(s).items() if k != "hook"}
+        for s in all_seams()
+    ]
