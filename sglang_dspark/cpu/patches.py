@@ -106,6 +106,38 @@ def _patch_record_stream() -> None:
     torch.Tensor.record_stream = record_stream
 
 
+# 4. Temperature > 0: DSpark's torch accept path still launches the Triton chain
+#    rejection-sampling kernel; CPU tensors get the torch implementation.
+def chain_sampling_on_cpu(original, *args, **kwargs):
+    candidates = kwargs.get("candidates", args[3] if len(args) > 3 else None)
+    if candidates is not None and candidates.device.type == "cpu":
+        from sglang_dspark.cpu.rejection import chain_speculative_sampling_torch
+
+        return chain_speculative_sampling_torch(*args, **kwargs)
+    return original(*args, **kwargs)
+
+
+# 5. bf16 only: the draft's fused context-KV write bundle is a Triton kernel; on
+#    CPU return no bundle so SGLang takes its per-layer torch path.
+def no_fused_kv_bundle_on_cpu(original, self, pool):
+    if _first_param_device(self) == "cpu":
+        return None
+    return original(self, pool)
+
+
+# 6. bf16 only: DFlash draft attention's fused table qk-norm-rope is Triton-only;
+#    on CPU the draft attention uses SGLang's unfused norm + rope path.
+def no_table_qk_norm_rope_on_cpu(result, self, *args, **kwargs):
+    self.use_table_qk_norm_rope = False
+    return result
+
+
+def _first_param_device(module) -> str:
+    for p in module.parameters():
+        return p.device.type
+    return "cpu"
+
+
 def seams() -> list[Seam]:
     return [
         Seam(f"{_SPEC_HOOK}._handle_dspark", "around",
@@ -122,4 +154,13 @@ def seams() -> list[Seam]:
              "dspark_cpu becomes a valid --attention-backend", True),
         Seam("sglang.srt.arg_groups.choices.add_draft_attention_backend_choices", "requires",
              "dspark_cpu becomes a valid draft attention backend", True),
+        Seam("sglang.kernels.ops.speculative.reject_sampling.chain_speculative_sampling_triton",
+             "around", "torch chain rejection sampling for CPU tensors (temperature > 0)",
+             True, chain_sampling_on_cpu),
+        Seam("sglang.srt.models.dspark.DSparkDraftMixin._build_fused_kv_write_bundle",
+             "around", "bf16: fused Triton KV write unavailable on CPU", True,
+             no_fused_kv_bundle_on_cpu),
+        Seam("sglang.srt.models.dflash.DFlashAttention.__init__", "after",
+             "bf16: Triton table qk-norm-rope unavailable on CPU", True,
+             no_table_qk_norm_rope_on_cpu),
     ]
