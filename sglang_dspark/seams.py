@@ -84,12 +84,22 @@ def all_seams() -> list[Seam]:
     from sglang_dspark import worker
 
     seams = [
+        Seam("sglang.srt.arg_groups.speculative_hook._handle_dspark", "after",
+             "validate the DSpark draft checkpoint against the target; fail at start-up "
+             "with a clear message", cpu_only=False, hook=_validate_draft_hook),
         Seam("sglang.srt.speculative.dspark_components.dspark_worker_v2.DSparkWorkerV2",
              "replace", "run our DSpark worker (subclass) for --speculative-algorithm DSPARK",
              cpu_only=False, hook=worker.DSparkControlledWorker),
     ]
     seams += cpu.seams()
     return seams
+
+
+def _validate_draft_hook(result, server_args, *args, **kwargs):
+    from sglang_dspark.checkpoint import validate_from_server_args
+
+    validate_from_server_args(server_args)
+    return result
 
 
 def install() -> list[Seam]:

@@ -170,9 +170,12 @@ def build_pair(out: Path, spec: TinySpec = TinySpec()) -> dict:
     V, H, r = spec.vocab_size, spec.hidden_size, spec.markov_rank
     gen = torch.Generator().manual_seed(spec.seed)
 
-    # ---- bigram table next(x): a random map over ordinary tokens, some to EOS.
+    # ---- bigram table next(x): one random cycle through all ordinary tokens (no
+    #      short loops, so generations stay diverse), a few tokens lead to EOS.
     ordinary = torch.tensor([i for i in range(n_tok) if i not in special_ids])
-    nxt = ordinary[torch.randint(len(ordinary), (V,), generator=gen)]
+    order = ordinary[torch.randperm(len(ordinary), generator=gen)]
+    nxt = ordinary[torch.randint(len(ordinary), (V,), generator=gen)]  # non-ordinary rows
+    nxt[order] = torch.roll(order, -1)
     to_eos = torch.rand(V, generator=gen) < spec.eos_rate
     nxt = torch.where(to_eos, torch.full_like(nxt, eos_id), nxt)
 

@@ -1,0 +1,332 @@
+"""DSpark controller benchmark (one command; not a timed test).
+
+    python benchmarks/controller_bench.py [--duration 8] [--workers 1,8,64] [--json out.json]
+
+Measures, on this machine:
+
+1. Telemetry ingest (steps/s the controller learned from) and decision latency p50/p99
+   (controller-side: plan + serialise + publish one BudgetDecision) with 1, 8 and 64
+   simulated workers. The controller is a real ``dspark-controller serve`` process; the
+   workers are real ``ControllerClient`` instances spread over a few processes, replaying
+   telemetry drawn from known curves as fast as their bounded queues allow.
+2. Learned-profile error vs steps seen (replay, smooth and jagged step-wise curves), the
+   recovery from a 30% drift, and decision quality against an oracle that knows the true
+   curve (true throughput of the learned-curve plan / true throughput of the oracle plan).
+
+Targets (issue 3): profile within 5% of the true step time after 2000 steps; recovery from
+a 30% drift within 500 steps; decision quality >= 98% of the oracle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+try:
+    import dspark_controller  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(ROOT / "controller"))
+
+import numpy as np  # noqa: E402
+
+from dspark_controller.protocol import EngineFingerprint, StatusReply, StatusRequest, StepTelemetry  # noqa: E402
+from dspark_controller.sim import CURVES, decision_quality, random_confidences, synth_step  # noqa: E402
+from dspark_controller.sps_model import SpsModel  # noqa: E402
+
+GAMMA = 7
+
+
+# ------------------------------------------------------------------ helpers
+def _status(endpoint: str, timeout: float = 5.0):
+    import zmq
+
+    from dspark_controller.protocol import decode_frames, encode
+
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    try:
+        s.connect(endpoint)
+        s.send_multipart(encode(StatusRequest()))
+        if not s.poll(int(timeout * 1000)):
+            return None
+        msg = decode_frames(s.recv_multipart())
+        return msg if isinstance(msg, StatusReply) else None
+    finally:
+        s.close(0)
+        ctx.term()
+
+
+def _fingerprint(kind: str, rank: int) -> EngineFingerprint:
+    return EngineFingerprint(target_model="Qwen/Qwen3-8B", draft_model="dspark", gamma=GAMMA, block_size=GAMMA + 1,
+                             device_name=f"sim-{kind}", tp_rank=rank % 8, tp_size=8, dtype="bfloat16",
+                             attention_backend="sim", sglang_version="0.5.23")
+
+
+def _worker_proc(address: str, engine_ids: list, duration: float, seed: int, out: "mp.Queue",
+                 rate: float = 0.0) -> None:
+    from dspark_controller.client import ControllerClient
+
+    rng = np.random.default_rng(seed)
+    pool = {}
+    clients = []
+    for i, eid in enumerate(engine_ids):
+        kind = "smooth" if i % 2 == 0 else "jagged"
+        steps = [synth_step(rng, CURVES[kind]) for _ in range(400)]
+        pool[eid] = steps
+        clients.append(ControllerClient(address=address, fingerprint=_fingerprint(kind, i), engine_id=eid,
+                                        heartbeat_s=0.5, queue_max=2048).start())
+    deadline = time.monotonic() + 30
+    while any(c.link_state != "connected" for c in clients) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    out.put(("ready", len(clients)))
+    seqs = [0] * len(clients)
+    start = time.monotonic()
+    end = start + duration + 1.0
+    while time.monotonic() < end:
+        busy = True
+        for k, c in enumerate(clients):
+            if rate > 0:        # paced: each engine publishes `rate` steps per second
+                n = int((time.monotonic() - start) * rate) - seqs[k]
+            else:               # flood: as fast as the bounded queue allows
+                n = 64 if c.counters["queue_len"] <= 512 else 0
+            if n <= 0:
+                continue
+            busy = False
+            steps = pool[c.engine_id]
+            for _ in range(n):
+                s = steps[seqs[k] % len(steps)]
+                c.publish_step(StepTelemetry(seq=seqs[k], num_running_requests=s.num_requests,
+                                             verify_tokens=s.verify_tokens, step_time_s=s.step_time_s,
+                                             accepted_lens=s.accepted_lens, verify_lens=s.verify_lens,
+                                             timestamp=time.time()))
+                seqs[k] += 1
+        if busy:
+            time.sleep(0.002 if rate > 0 else 0.001)
+    time.sleep(0.5)
+    counters = [c.counters for c in clients]
+    got_decision = sum(1 for c in clients if c.latest_decision(10.0) is not None)
+    for c in clients:
+        c.close()
+    out.put(("done", {"published": sum(seqs), "sent": sum(x.get("steps_sent", 0) for x in counters),
+                      "dropped": sum(x.get("dropped_queue_full", 0) + x.get("dropped_send", 0) for x in counters),
+                      "with_decision": got_decision}))
+
+
+def bench_ingest(n_workers: int, duration: float, workdir: Path, *, rate: float = 0.0) -> dict:
+    base = f"ipc://{workdir}/bench{n_workers}r{int(rate)}"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "controller") + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    log = open(workdir / f"ctl{n_workers}.log", "wb")
+    ctl = subprocess.Popen([sys.executable, "-m", "dspark_controller.cli", "serve", "--bind", base, "--no-persist",
+                            "--log-level", "warning"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        cli = base + ".cli"
+        deadline = time.monotonic() + 30
+        while _status(cli, 0.5) is None:
+            if time.monotonic() > deadline or ctl.poll() is not None:
+                raise RuntimeError("controller did not start")
+        n_procs = min(n_workers, 4)
+        ids = [f"w{i}" for i in range(n_workers)]
+        groups = [ids[i::n_procs] for i in range(n_procs)]
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        procs = [ctx.Process(target=_worker_proc, args=(base, g, duration, 100 + i, q, rate))
+                 for i, g in enumerate(groups)]
+        for p in procs:
+            p.start()
+        for _ in procs:
+            q.get(timeout=60)
+        s0 = _status(cli)
+        t0 = time.monotonic()
+        time.sleep(duration)
+        s1 = _status(cli)
+        t1 = time.monotonic()
+        results = [q.get(timeout=120)[1] for _ in procs]
+        for p in procs:
+            p.join(30)
+        if s0 is None or s1 is None:
+            raise RuntimeError(f"controller stopped answering status with {n_workers} workers")
+        rate_offered = rate
+        learned = (s1.counters["telemetry_steps"] - s0.counters["telemetry_steps"]) / (t1 - t0)
+        shed = (s1.counters.get("telemetry_shed", 0) - s0.counters.get("telemetry_shed", 0)) / (t1 - t0)
+        msgs = (s1.counters["telemetry_batches"] - s0.counters["telemetry_batches"]) / (t1 - t0)
+        decisions = (s1.counters["decisions_published"] - s0.counters["decisions_published"]) / (t1 - t0)
+        return {
+            "workers": n_workers, "offered_per_worker": rate_offered, "steps_per_s": learned, "shed_per_s": shed,
+            "messages_per_s": msgs, "decisions_per_s": decisions,
+            "decision_latency_p50_ms": 1e3 * s1.counters.get("decision_latency_p50_s", float("nan")),
+            "decision_latency_p99_ms": 1e3 * s1.counters.get("decision_latency_p99_s", float("nan")),
+            "published": sum(r["published"] for r in results), "dropped_client_side": sum(r["dropped"] for r in results),
+            "engines_with_decision": sum(r["with_decision"] for r in results),
+            "profiles": [(p.profile_key, p.samples_seen, p.heldout_error.mape) for p in s1.profiles],
+            "controller_dropped": s1.dropped,
+        }
+    finally:
+        ctl.send_signal(signal.SIGTERM)
+        try:
+            ctl.wait(15)
+        except subprocess.TimeoutExpired:
+            ctl.kill()
+        log.close()
+
+
+def _holdout(curve, n=2000, seed=999):
+    rng = np.random.default_rng(seed)
+    st = [synth_step(rng, curve, noise_sigma=0.0, outlier_prob=0.0) for _ in range(n)]
+    R = np.array([s.num_requests for s in st])
+    B = np.array([s.verify_tokens for s in st])
+    return R, B, curve.step_time(R, B)
+
+
+def bench_learning(seeds: int = 5) -> dict:
+    checkpoints = [100, 250, 500, 1000, 2000, 4000]
+    out: dict = {"error_vs_steps": {}, "drift": {}, "quality": {}}
+    for name, curve in CURVES.items():
+        errs = np.zeros((seeds, len(checkpoints)))
+        drift_steps = []
+        drift_err_500 = []
+        q_lag, q_exact = [], []
+        for sd in range(seeds):
+            rng = np.random.default_rng(10 + sd)
+            R, B, T = _holdout(curve, seed=500 + sd)
+            m = SpsModel()
+            ci = 0
+            for i in range(1, checkpoints[-1] + 1):
+                s = synth_step(rng, curve)
+                m.update(s.num_requests, s.verify_tokens, s.step_time_s)
+                if i == checkpoints[ci]:
+                    errs[sd, ci] = m.evaluate(R, B, T).mape
+                    ci += 1
+                if i == 2000:
+                    qr = np.random.default_rng(77 + sd)
+                    for _ in range(100):
+                        r = int(qr.integers(1, 65))
+                        c = random_confidences(qr, r, GAMMA)
+                        q_lag.append(decision_quality(m.sps_function(r), curve.sps_function(r), c, algorithm="lagged"))
+                        q_exact.append(decision_quality(m.sps_function(r), curve.sps_function(r), c, algorithm="exact"))
+            # drift: a fresh model, 2000 steps, then the same curve 30% slower
+            m = SpsModel()
+            rng = np.random.default_rng(900 + sd)
+            for _ in range(2000):
+                s = synth_step(rng, curve)
+                m.update(s.num_requests, s.verify_tokens, s.step_time_s)
+            recovered = None
+            for k in range(1, 1001):
+                s = synth_step(rng, curve, mult=1.3)
+                m.update(s.num_requests, s.verify_tokens, s.step_time_s)
+                if k % 25 == 0:
+                    e = m.evaluate(R, B, 1.3 * T).mape
+                    if recovered is None and e < 0.05:
+                        recovered = k
+                    if k == 500:
+                        drift_err_500.append(e)
+            drift_steps.append(recovered if recovered is not None else float("inf"))
+        out["error_vs_steps"][name] = {str(c): float(errs[:, i].mean()) for i, c in enumerate(checkpoints)}
+        out["error_vs_steps"][name + "_worst"] = {str(c): float(errs[:, i].max()) for i, c in enumerate(checkpoints)}
+        out["drift"][name] = {"steps_to_5pct_mean": float(np.mean(drift_steps)), "steps_to_5pct_worst": float(np.max(drift_steps)),
+                              "error_at_500": float(np.mean(drift_err_500))}
+        out["quality"][name] = {"lagged_mean": float(np.mean(q_lag)), "lagged_min": float(np.min(q_lag)),
+                                "exact_mean": float(np.mean(q_exact)), "exact_min": float(np.min(q_exact))}
+    return out
+
+
+def bench_update_cost() -> dict:
+    m = SpsModel()
+    rng = np.random.default_rng(0)
+    st = [synth_step(rng, CURVES["jagged"]) for _ in range(4000)]
+    t0 = time.perf_counter()
+    for s in st:
+        m.update(s.num_requests, s.verify_tokens, s.step_time_s)
+    per_update = (time.perf_counter() - t0) / len(st)
+    t0 = time.perf_counter()
+    for _ in range(50):
+        m.refit()
+    refit = (time.perf_counter() - t0) / 50
+    fn = m.sps_function(64)
+    from dspark_controller.planner import plan_exact, plan_lagged
+
+    c = random_confidences(rng, 64, GAMMA)
+    t0 = time.perf_counter()
+    for _ in range(200):
+        plan_exact(c, fn, max_trace=0)
+    exact = (time.perf_counter() - t0) / 200
+    t0 = time.perf_counter()
+    for _ in range(200):
+        plan_lagged(c, fn, lagged_confidences=c)
+    lag = (time.perf_counter() - t0) / 200
+    return {"sps_update_us": per_update * 1e6, "sps_refit_ms": refit * 1e3, "plan_exact_R64_us": exact * 1e6,
+            "plan_lagged_R64_us": lag * 1e6}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--duration", type=float, default=8.0, help="seconds of measured ingest per worker count")
+    ap.add_argument("--workers", default="1,8,64")
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--paced-rate", type=float, default=50.0,
+                    help="steps/s per worker in the paced runs (a decode step every 20 ms)")
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="dscb", dir="/tmp"))
+    results: dict = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                                 "platform": platform.platform()}, "ingest": []}
+    try:
+        print(f"# DSpark controller benchmark ({os.cpu_count()} CPUs, Python {platform.python_version()})\n")
+        cost = bench_update_cost()
+        results["cost"] = cost
+        print(f"SpsModel.update {cost['sps_update_us']:.0f} us/step (amortised, incl. refits), refit "
+              f"{cost['sps_refit_ms']:.2f} ms; plan_exact R=64 {cost['plan_exact_R64_us']:.0f} us, "
+              f"plan_lagged R=64 {cost['plan_lagged_R64_us']:.0f} us\n")
+        print("| workers | offered load | telemetry steps/s learned | shed (stale) steps/s | messages/s | "
+              "decisions/s | decision p50 ms | decision p99 ms | client drops |")
+        print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+        runs = [(int(x), 0.0) for x in args.workers.split(",")]
+        runs += [(int(x), args.paced_rate) for x in args.workers.split(",")]
+        for n, rate in runs:
+            r = bench_ingest(n, args.duration, workdir, rate=rate)
+            results["ingest"].append(r)
+            load = "flood" if rate <= 0 else f"{rate:g} steps/s/worker"
+            print(f"| {n} | {load} | {r['steps_per_s']:.0f} | {r['shed_per_s']:.0f} | {r['messages_per_s']:.0f} | "
+                  f"{r['decisions_per_s']:.0f} | "
+                  f"{r['decision_latency_p50_ms']:.3f} | {r['decision_latency_p99_ms']:.3f} | "
+                  f"{r['dropped_client_side']} |", flush=True)
+        learn = bench_learning(args.seeds)
+        results["learning"] = learn
+        cps = list(next(iter(learn["error_vs_steps"].values())).keys())
+        print("\nProfile error (mean |pred - true| / true on held-out batches), mean over "
+              f"{args.seeds} seeds:\n")
+        print("| curve | " + " | ".join(f"{c} steps" for c in cps) + " |")
+        print("|---|" + "---:|" * len(cps))
+        for name in CURVES:
+            row = learn["error_vs_steps"][name]
+            worst = learn["error_vs_steps"][name + "_worst"]
+            print(f"| {name} | " + " | ".join(f"{100 * row[c]:.2f}% (worst {100 * worst[c]:.2f}%)" for c in cps) + " |")
+        print("\n| curve | 30% drift: steps to < 5% (mean / worst) | error 500 steps after drift | "
+              "decision quality, lagged (mean / min) | decision quality, exact Alg. 1 (mean / min) |")
+        print("|---|---:|---:|---:|---:|")
+        for name in CURVES:
+            d, q = learn["drift"][name], learn["quality"][name]
+            print(f"| {name} | {d['steps_to_5pct_mean']:.0f} / {d['steps_to_5pct_worst']:.0f} | "
+                  f"{100 * d['error_at_500']:.2f}% | {100 * q['lagged_mean']:.2f}% / {100 * q['lagged_min']:.2f}% | "
+                  f"{100 * q['exact_mean']:.2f}% / {100 * q['exact_min']:.2f}% |")
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
