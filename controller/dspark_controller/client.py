@@ -69,7 +69,7 @@ class ControllerClient:
                  queue_max: int = 1024, pub_address: Optional[str] = None,
                  lost_after_s: Optional[float] = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 batch_max: int = 256, poll_interval_s: float = 0.005) -> None:
+                 batch_max: int = 64, poll_interval_s: float = 0.005) -> None:
         if heartbeat_s <= 0:
             raise ValueError("heartbeat_s must be > 0")
         if queue_max < 1:

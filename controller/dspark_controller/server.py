@@ -317,7 +317,7 @@ class Controller:
                 self._secure_server(s, keys)
             for s in (router, cli):
                 s.setsockopt(zmq.MAXMSGSIZE, 4 * cfg.max_message_bytes)
-                s.setsockopt(zmq.RCVHWM, 256)
+                s.setsockopt(zmq.RCVHWM, 64)
                 s.setsockopt(zmq.SNDHWM, 1000)
             pub.setsockopt(zmq.SNDHWM, 10000)
             monitor = router.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH

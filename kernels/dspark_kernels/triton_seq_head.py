@@ -423,6 +423,10 @@ def _is_interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def _kernel_is_interpreted() -> bool:
+    return not isinstance(_seq_head_kernel, triton.runtime.jit.JITFunction)
+
+
 def barrier_counters(device: torch.device, needed: int) -> torch.Tensor:
     """The cached, zero-initialised int32 barrier counters of ``device``.
 
@@ -709,6 +713,11 @@ def run_triton(
         raise RuntimeError(
             "dspark_kernels triton backend needs CUDA tensors (or TRITON_INTERPRET=1 on CPU); "
             "use backend='torch' for CPU tensors."
+        )
+    if device.type != "cuda" and not _kernel_is_interpreted():
+        raise RuntimeError(
+            "dspark_kernels.triton_seq_head was imported before TRITON_INTERPRET=1 was set, so "
+            "its kernels were compiled for a GPU; set TRITON_INTERPRET=1 before the first import."
         )
     plan = plan_launch(
         batch=inputs.batch,

@@ -1,0 +1,119 @@
+"""The exact user command on CPU: python -m sglang.launch_server --model-path T
+--speculative-algorithm DSPARK --speculative-draft-model-path D --device cpu --port P
+(no environment variables), served over HTTP."""
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from sglang_dspark.server_process import SGLangServer, ServerStartError, http_json
+
+
+def _clean_env():
+    env = dict(os.environ)
+    for k in ("SGLANG_USE_CPU_ENGINE", "TRITON_INTERPRET", "SGLANG_RAGGED_VERIFY_MODE"):
+        env.pop(k, None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def server(tiny_pair, monkeypatch_module):
+    for k in ("SGLANG_USE_CPU_ENGINE", "TRITON_INTERPRET", "SGLANG_RAGGED_VERIFY_MODE"):
+        monkeypatch_module.delenv(k, raising=False)
+    srv = SGLangServer(model_path=tiny_pair["target"], draft_path=tiny_pair["draft"])
+    srv.start()
+    yield srv
+    assert srv.stop() is not None
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+def _hf_greedy(target, prompt, n):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    ids = tok(prompt, return_tensors="pt").input_ids
+    out = model.generate(ids, max_new_tokens=n, do_sample=False)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def test_generate_equals_hf_transformers_greedy(server, tiny_pair):
+    for prompt, n in [("def parse(line):", 40), ("The quick brown fox", 25)]:
+        r = http_json(server.url + "/generate", {
+            "text": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": n}})
+        hf = _hf_greedy(tiny_pair["target"], prompt, n)
+        assert r["output_ids"] == hf[: len(r["output_ids"])]
+        assert r["meta_info"]["spec_verify_ct"] < r["meta_info"]["completion_tokens"]
+
+
+def test_chat_completions_and_sampling(server):
+    r = http_json(server.url + "/v1/chat/completions", {
+        "model": "tiny", "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 16, "temperature": 1.0})
+    assert r["choices"][0]["message"]["content"]
+    assert r["usage"]["completion_tokens"] > 0
+    # temperature 1.0 through DSpark's rejection sampler, several requests at once
+    r = http_json(server.url + "/generate", {
+        "text": ["a", "b = 1", "import re"],
+        "sampling_params": {"temperature": 1.0, "max_new_tokens": 20}})
+    assert len(r) == 3 and all(x["meta_info"]["completion_tokens"] > 0 for x in r)
+
+
+def test_our_worker_serves(server):
+    info = server.server_info()
+    rec = info["internal_states"][0]["dspark_info_record"]
+    assert rec["sglang_dspark"]["worker"] == "sglang_dspark.worker.DSparkControlledWorker"
+    assert info["attention_backend"] == "dspark_cpu"
+
+
+def _broken(tmp_path, tiny_pair, edit):
+    import shutil
+
+    d = tmp_path / "draft"
+    shutil.copytree(tiny_pair["draft"], d)
+    edit(d)
+    return d
+
+
+def _set_cfg(key, value):
+    def edit(d):
+        cfg = json.loads((d / "config.json").read_text())
+        cfg[key] = value
+        if key in cfg.get("dflash_config", {}):
+            cfg["dflash_config"][key] = value
+        (d / "config.json").write_text(json.dumps(cfg))
+    return edit
+
+
+def _drop_tensor(d):
+    from safetensors.torch import load_file, save_file
+
+    w = load_file(str(d / "model.safetensors"))
+    del w["fc.weight"]
+    save_file(w, str(d / "model.safetensors"))
+
+
+@pytest.mark.parametrize("edit,message", [
+    (_drop_tensor, "missing tensors"),
+    (_set_cfg("vocab_size", 777), "vocabulary mismatch"),
+    (_set_cfg("target_layer_ids", [1, 3]), "bad target_layer_ids"),
+])
+def test_broken_draft_exits_nonzero_with_message(edit, message, tmp_path, tiny_pair):
+    d = _broken(tmp_path, tiny_pair, edit)
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", tiny_pair["target"],
+           "--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", str(d),
+           "--device", "cpu", "--port", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_clean_env())
+    assert proc.returncode != 0
+    assert message in proc.stdout + proc.stderr
