@@ -54,6 +54,7 @@ def _round_code(dtype: torch.dtype) -> int:
     # The interpreter's float16 downcast truncates; use the bit-arithmetic rounding.
     return 3 if (code == 2 and _is_interpreter()) else code
 
+
 LAUNCH_MODES = ("auto", "persistent", "stepwise")
 
 
