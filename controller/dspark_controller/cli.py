@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -290,6 +289,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         engine_timeout_s=args.engine_timeout_s, decision_interval_s=args.decision_interval_s,
         decision_valid_s=args.decision_valid_s, profile_publish_s=args.profile_publish_s,
         persist_interval_s=args.persist_interval_s, model=model_cfg, prior_file=args.prior,
+        max_learn_steps_per_s=args.max_learn_rate,
         command=" ".join([Path(sys.argv[0]).name] + sys.argv[1:])[:4096])
     try:
         return serve(cfg)
@@ -346,6 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--half-life-steps", type=float, default=2000.0, help="profile memory half-life in steps")
     s.add_argument("--max-batch-tokens", type=int, default=8192)
     s.add_argument("--max-requests", type=int, default=1024)
+    s.add_argument("--max-learn-rate", type=float, default=5000.0,
+                   help="steps/s per profile fed to the model (the rest only update counters); 0 = all")
     s.add_argument("--log-level", default="info")
     s.set_defaults(func=cmd_serve)
 

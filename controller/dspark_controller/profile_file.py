@@ -225,6 +225,9 @@ def save_profile(path: str | os.PathLike, profile: ProfileFile) -> Path:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)          # mkstemp makes 0600; profiles are not secrets
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import signal
 import threading
 import time
@@ -40,7 +39,6 @@ import numpy as np
 import zmq
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from . import __version__
 from .endpoints import DEFAULT_BASE, ConfigError, Endpoints, load_curve_keypair, require_safe_bind
 from .planner import PlanError, compute_lagged_budget
 from .profile_file import (ErrorMetrics, ProfileFile, SpsModelState, load_profile, make_provenance,
@@ -80,6 +78,7 @@ class ControllerConfig:
     prior_file: Optional[str] = None
     acceptance_half_life_steps: float = 200.0
     stale_telemetry_s: float = 2.0
+    max_learn_steps_per_s: float = 5000.0
     drain_budget_s: float = 0.05
     log_interval_s: float = 5.0
     command: str = ""
@@ -189,6 +188,22 @@ class _Profile:
     last_publish: float = 0.0
     publish_seq: int = 0
     engines: set = field(default_factory=set)
+    learn_tokens: float = -1.0
+    learn_refill_at: float = 0.0
+
+    def admit(self, now: float, rate: float) -> bool:
+        """Token bucket (burst: 2 s worth): learn at most ``rate`` steps/s for this profile."""
+        if rate <= 0:
+            return True
+        if self.learn_tokens < 0:
+            self.learn_tokens = 2.0 * rate
+        else:
+            self.learn_tokens = min(2.0 * rate, self.learn_tokens + (now - self.learn_refill_at) * rate)
+        self.learn_refill_at = now
+        if self.learn_tokens >= 1.0:
+            self.learn_tokens -= 1.0
+            return True
+        return False
 
 
 class Controller:
@@ -353,7 +368,12 @@ class Controller:
                     self._drain(cli, self._on_cli_frames, budget_s=cfg.drain_budget_s)
                 if monitor in events:
                     self._drain_monitor(monitor)
-                self._tick()
+                try:
+                    self._tick()
+                except Exception as exc:  # never let housekeeping take the controller down
+                    self._log.warning("tick", "housekeeping error (continuing): %s: %s",
+                                      exc.__class__.__name__, exc)
+                    logger.debug("tick error", exc_info=True)
         finally:
             self._running.clear()
             try:
@@ -497,13 +517,18 @@ class Controller:
         self.counters["telemetry_steps"] += 1
         self._rate_window.append(now)
         self.metrics.steps.labels(engine=eng.engine_id).inc()
+        eng.dirty = True
         prof = self.profiles[eng.profile_key]
+        if not prof.admit(now, self.config.max_learn_steps_per_s):
+            # plenty of data: learning every step would only cost CPU (and freshness)
+            self.counters["telemetry_subsampled"] = self.counters.get("telemetry_subsampled", 0) + 1
+            return
+        self.counters["telemetry_learned"] = self.counters.get("telemetry_learned", 0) + 1
         if step.num_running_requests >= 1:
             if prof.model.update(step.num_running_requests, step.verify_tokens, step.step_time_s):
                 prof.samples_seen += 1
                 prof.dirty_publish = prof.dirty_persist = True
         self._update_acceptance(eng, step)
-        eng.dirty = True
 
     def _update_acceptance(self, eng: _Engine, step: StepTelemetry) -> None:
         g = eng.gamma
@@ -632,13 +657,24 @@ class Controller:
         for eng in self.engines.values():
             if eng.dirty and now - eng.last_decision_at >= cfg.decision_interval_s \
                     and now - eng.last_seen <= cfg.engine_timeout_s:
-                self._publish_decision(eng, now)
+                try:
+                    self._publish_decision(eng, now)
+                except Exception as exc:
+                    eng.dirty = False
+                    eng.last_decision_at = now
+                    self._log.warning("decision", "could not decide for engine %s: %s: %s", eng.engine_id,
+                                      exc.__class__.__name__, exc)
         if now - self._last_housekeeping < 0.25:
             return
         self._last_housekeeping = now
         for prof in self.profiles.values():
             if prof.dirty_publish and now - prof.last_publish >= cfg.profile_publish_s:
-                self._publish_profile(prof, now)
+                try:
+                    self._publish_profile(prof, now)
+                except Exception as exc:
+                    prof.last_publish = now
+                    self._log.warning("profile", "could not publish profile %s: %s: %s", prof.key,
+                                      exc.__class__.__name__, exc)
         if now - self._last_persist >= cfg.persist_interval_s:
             self._last_persist = now
             self.persist()

@@ -10,7 +10,6 @@ import time
 import urllib.request
 
 import numpy as np
-import pytest
 import zmq
 
 from dsc_helpers import fingerprint, free_port, replay, request, run_cli, run_threads, wait_for

@@ -3,7 +3,7 @@ non-speculative engine's, token for token, in every ragged mode and dtype."""
 
 import pytest
 
-from conftest import engine_kwargs, run_engine_job
+from dspark_testlib import engine_kwargs, run_engine_job
 
 PROMPTS = [
     "def f(x):",
