@@ -91,6 +91,13 @@ def all_seams() -> list[Seam]:
              "replace", "run our DSpark worker (subclass) for --speculative-algorithm DSPARK",
              cpu_only=False, hook=worker.DSparkControlledWorker),
     ]
+    from sglang_dspark import seq_head
+
+    seams.append(Seam(
+        "sglang.srt.speculative.dspark_components.dspark_draft.draft_markov_block", "around",
+        "SGLANG_DSPARK_FUSED_SEQ_HEAD: our fused sequential head (torch on CPU by default, "
+        "SGLang's kernels on GPU by default)", cpu_only=False,
+        hook=seq_head.fused_draft_markov_block))
     seams += cpu.seams()
     return seams
 

@@ -2,13 +2,27 @@
 
 Installed through ``HookRegistry`` (class REPLACE of ``DSparkWorkerV2``, see
 :mod:`sglang_dspark.seams`), so ``--speculative-algorithm DSPARK`` runs it on every
-device.  It reports itself in SGLang's ``/server_info`` internal state under
-``dspark_info_record.sglang_dspark``.
+device.  On top of SGLang's worker it
+
+* measures every decode step (:mod:`sglang_dspark.telemetry`) and feeds a local
+  online SPS model, so budgets beat verify-all at load with no table and no
+  controller (:mod:`sglang_dspark.budget`);
+* streams telemetry to the controller and applies its decisions when
+  ``SGLANG_DSPARK_CONTROLLER`` is set (:mod:`sglang_dspark.link`), falling back to
+  the local model when the controller is away or its decision is stale;
+* reports its state in ``/server_info`` (``internal_states[0].dspark_info_record
+  .sglang_dspark``) and in a log line at most every ``SGLANG_DSPARK_LOG_INTERVAL_S``.
+
+Environment (all optional): ``SGLANG_DSPARK_ONLINE=0`` disables local online
+planning; ``SGLANG_DSPARK_PROFILE=FILE`` seeds the local model from a profile file;
+see :mod:`sglang_dspark.link` for the controller variables.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import time
 
 from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
 
@@ -17,16 +31,145 @@ import sglang_dspark
 logger = logging.getLogger(__name__)
 
 
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {os.environ.get(name)!r}") from None
+
+
 class DSparkControlledWorker(DSparkWorkerV2):
     """DSparkWorkerV2 plus live step telemetry and controller-driven budgets."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        logger.info("sglang-dspark %s: DSparkControlledWorker active", sglang_dspark.__version__)
+        self._dspark_ready = False
+        if not getattr(self, "_hosts_draft", False):
+            return
+        from sglang_dspark.budget import BudgetBrain, BudgetConfig, OnlineBudgetPlanner
+        from sglang_dspark.link import ControllerLink, local_model_for
+        from sglang_dspark.telemetry import StepClock, StepStats
 
+        sa = self.server_args
+        self._tp_size = int(getattr(sa, "tp_size", 1) or 1)
+        self._log_interval = _env_float("SGLANG_DSPARK_LOG_INTERVAL_S", 30.0)
+        self._clock = StepClock(self.device)
+        self._stats = StepStats()
+        online = os.environ.get("SGLANG_DSPARK_ONLINE", "1") != "0"
+        if self._tp_size > 1 and online:
+            logger.warning("sglang-dspark: tp_size=%d: budgets must agree across TP ranks without a "
+                           "collective, so online/controller budgets are off; SGLang's static "
+                           "table decides.", self._tp_size)
+            online = False
+        max_req = int(getattr(sa, "max_running_requests", None) or 48)
+        self._local_model = local_model_for(
+            max_requests=max_req, max_batch_tokens=max_req * int(self.verify_num_draft_tokens),
+            table_path=getattr(sa, "speculative_dspark_sps_table_path", None))
+        self._link = ControllerLink.from_env(worker=self) if online else None
+        self._brain = BudgetBrain(
+            local_model=self._local_model if online else None,
+            config=BudgetConfig.from_env(),
+            latest_decision=self._link.latest_decision if self._link else None,
+            enabled=online)
+        planner = self._verify_planner
+        self._online_planner = None
+        if planner._budget_planner is not None:
+            self._online_planner = OnlineBudgetPlanner(base=planner._budget_planner, brain=self._brain)
+            planner._budget_planner = self._online_planner
+            if online:
+                planner._is_verify_all = False
+        self._compact = planner.is_compact_mode
+        self._dspark_ready = True
+        logger.info("sglang-dspark %s: DSparkControlledWorker active (mode=%s, online=%s, "
+                    "controller=%s)", sglang_dspark.__version__, planner.mode_value, online,
+                    self._link.address if self._link else None)
+
+    # ------------------------------------------------------------------ decode step
+    def _forward_decode(self, batch, on_publish, grammar_barrier):
+        if not self._dspark_ready or batch.forward_mode.is_idle():
+            return super()._forward_decode(batch, on_publish, grammar_barrier)
+        decided_before = self._online_planner.last_decided_at if self._online_planner else 0.0
+        self._clock.start()
+        result = super()._forward_decode(batch, on_publish, grammar_barrier)
+        self._after_step(batch, result, decided_before)
+        return result
+
+    def _after_step(self, batch, result, decided_before) -> None:
+        from sglang_dspark.telemetry import StepRecord
+
+        try:
+            num_req = int(len(batch.reqs))
+            budget = None
+            planner = self._online_planner
+            if planner is not None and planner.last_decided_at != decided_before:
+                budget = planner.last_budget
+            gamma = int(self.verify_num_draft_tokens) - 1
+            if self._compact and budget is not None:
+                verify_tokens = num_req + int(budget)
+            else:
+                verify_tokens = num_req * (gamma + 1)
+            seq = batch.seq_lens_cpu.tolist() if batch.seq_lens_cpu is not None else [0]
+            pred = None
+            if self._local_model is not None and self._local_model.ready:
+                pred = float(self._local_model.predict_step_time(num_req, verify_tokens))
+            rec = StepRecord(num_requests=num_req, verify_tokens=verify_tokens,
+                             budget_tokens=budget, accepted_lens=None, verify_lens=None,
+                             context_min=int(min(seq)), context_mean=float(sum(seq) / len(seq)),
+                             context_max=int(max(seq)),
+                             predicted_step_s=pred if pred == pred else None)
+            # commit lens include the bonus token; cap lens include the anchor.  On GPU
+            # the copies are queued before the step's end event and read once it fired.
+            rec.accepted_lens = self._host(getattr(result, "accept_lens", None))
+            if self._compact:
+                rec.verify_lens = self._host(getattr(result, "cap_lens", None))
+            for done in self._clock.stop(rec):
+                self._observe(done)
+        except Exception:  # telemetry must never fail a request
+            logger.exception("sglang-dspark: step telemetry failed (ignored)")
+
+    def _host(self, t):
+        if t is None:
+            return None
+        return t.to("cpu", non_blocking=True) if t.device.type == "cuda" else t
+
+    def _observe(self, rec) -> None:
+        if rec.accepted_lens is not None:
+            rec.accepted_lens = [max(int(x) - 1, 0) for x in rec.accepted_lens.tolist()]
+        if rec.verify_lens is not None:
+            lens = rec.verify_lens.tolist()
+            rec.verify_tokens = int(sum(lens))
+            rec.verify_lens = [max(int(x) - 1, 0) for x in lens]
+        model = self._local_model
+        self._stats.add(rec, rec.predicted_step_s)
+        if model is not None:
+            model.update(rec.num_requests, rec.verify_tokens, rec.step_time_s)
+        if self._link is not None:
+            self._link.publish(rec)
+        now = time.monotonic()
+        if self._log_interval > 0 and now - self._stats.last_log >= self._log_interval:
+            self._stats.last_log = now
+            logger.info("sglang-dspark: %s", self.plugin_state())
+
+    # ------------------------------------------------------------------ observability
     def plugin_state(self) -> dict:
-        return {"worker": f"{type(self).__module__}.{type(self).__qualname__}",
-                "version": sglang_dspark.__version__}
+        from sglang_dspark.seq_head import last_backend
+
+        state = {"worker": f"{type(self).__module__}.{type(self).__qualname__}",
+                 "version": sglang_dspark.__version__,
+                 "seq_head_backend": last_backend()}
+        if getattr(self, "_dspark_ready", False):
+            model = self._local_model
+            state.update({
+                "budget_sources": dict(self._brain.sources),
+                "last_budget_source": self._brain.last_source,
+                "telemetry": self._stats.summary(),
+                "local_profile": None if model is None else {
+                    "ready": model.ready, "samples": model.steps,
+                    "heldout_error": model.heldout_error().to_dict() if model.steps else None,
+                    "prior": model.prior_description},
+                "controller": None if self._link is None else self._link.state(),
+            })
+        return state
 
     def dump_info_records(self):
         dumped = super().dump_info_records() or {}

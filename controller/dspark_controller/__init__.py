@@ -9,6 +9,8 @@ profile_file  schema of the persisted profile files
 planner       Algorithm 1 (exact, early stop), the lagged production variant, SLA and overrides
 server        the controller process
 cli           ``dspark-controller`` command line (serve, status, set, plan)
+endpoints     endpoint derivation, bind safety, CurveZMQ key loading
+sim           synthetic engines with known step-time curves (tests and benchmark)
 
 Only ``planner``, ``sps_model`` and ``profile_file`` are imported eagerly by callers
 that run inside the decode loop; nothing here imports SGLang.

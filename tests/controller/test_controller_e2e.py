@@ -265,3 +265,30 @@ def test_profile_follows_a_30_percent_drift_reported_by_many_workers(controllers
     err = model.evaluate(R, B, 1.3 * curve.step_time(R, B))
     assert err.mape < 0.05, err
     assert model.scale > 1.15
+
+
+def test_overload_sheds_stale_steps_and_caps_learning_in_process():
+    from dspark_controller.protocol import Register
+    from dspark_controller.server import Controller, ControllerConfig
+
+    class NullSock:
+        def send_multipart(self, *a, **k):
+            pass
+
+    ctl = Controller(config=ControllerConfig(profiles_dir=None, max_learn_steps_per_s=100.0, stale_telemetry_s=2.0))
+    ctl._router = ctl._pub = NullSock()
+    ctl._on_register(b"id", Register(engine_id="e", worker_id="w", client_nonce="n", fingerprint=fingerprint()),
+                     time.monotonic())
+    eng = ctl.engines["e"]
+    now = time.time()
+    for i in range(50):                                  # 10 s old: shed, not learned
+        ctl._on_step(eng, StepTelemetry(seq=i, num_running_requests=2, verify_tokens=8, step_time_s=0.01,
+                                        timestamp=now - 10), time.monotonic())
+    assert ctl.counters["telemetry_shed"] == 50 and ctl.drops.counts["shed_stale"] == 50
+    assert ctl.profiles[eng.profile_key].samples_seen == 0
+    for i in range(50, 1050):                            # fresh burst: learning capped at 2 s x 100/s
+        ctl._on_step(eng, StepTelemetry(seq=i, num_running_requests=2, verify_tokens=8, step_time_s=0.01,
+                                        timestamp=time.time()), time.monotonic())
+    learned = ctl.profiles[eng.profile_key].samples_seen
+    assert 200 <= learned <= 210 and ctl.counters["telemetry_subsampled"] == 1000 - learned
+    assert ctl.counters["telemetry_steps"] == 1000

@@ -23,12 +23,15 @@ def _sampling():
 _cache: dict = {}
 
 
-def _run(key, tiny_pair, sps_table, tmp_path_factory):
+def _run(key, tiny_pair, sps_table, tmp_path_factory, seq_head=None):
+    key = key + (seq_head,)
     if key in _cache:
         return _cache[key]
-    spec, mode, dtype = key
+    spec, mode, dtype, _ = key
     kw = engine_kwargs(tiny_pair, dtype=dtype)
     env = {"SGLANG_DSPARK_ENABLE_SPS_RECORD": "1"}
+    if seq_head:
+        env["SGLANG_DSPARK_FUSED_SEQ_HEAD"] = seq_head
     if spec:
         kw.update(speculative_algorithm="DSPARK", speculative_draft_model_path=tiny_pair["draft"])
         env["SGLANG_RAGGED_VERIFY_MODE"] = mode
@@ -60,6 +63,17 @@ def test_dspark_greedy_equals_baseline(mode, dtype, tiny_pair, sps_table, tmp_pa
     rec = spec["server_info"]["internal_states"][0]["dspark_info_record"]
     assert rec["sglang_dspark"]["worker"] == "sglang_dspark.worker.DSparkControlledWorker"
     assert rec["mode"] == mode
+    # default switch (auto) runs our fused sequential head's torch path on CPU
+    assert rec["sglang_dspark"]["seq_head_backend"] == "torch"
+
+
+def test_seq_head_switch_upstream(tiny_pair, sps_table, tmp_path_factory):
+    base = _run((False, None, "float32"), tiny_pair, sps_table, tmp_path_factory)
+    spec = _run((True, "static", "float32"), tiny_pair, sps_table, tmp_path_factory,
+                seq_head="upstream")
+    assert _ids(spec) == _ids(base)
+    rec = spec["server_info"]["internal_states"][0]["dspark_info_record"]
+    assert rec["sglang_dspark"]["seq_head_backend"] == "upstream"
 
 
 @pytest.mark.parametrize("mode", ["compact", "cap-accept"])

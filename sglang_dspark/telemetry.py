@@ -1,0 +1,97 @@
+"""Measuring decode steps without stalling them.
+
+:class:`StepClock` times a step the way the device sees it: on CUDA with a pair of
+events whose elapsed time is read on a *later* step once ``query()`` says they are
+done (never a synchronize in the decode loop); on CPU with ``perf_counter`` (the
+step's work is synchronous there).  :class:`StepStats` keeps bounded rolling
+summaries for ``/server_info`` and the periodic log line.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+
+@dataclass
+class StepRecord:
+    num_requests: int
+    verify_tokens: int
+    budget_tokens: Optional[int]
+    accepted_lens: Optional[list]
+    verify_lens: Optional[list]
+    context_min: int
+    context_mean: float
+    context_max: int
+    predicted_step_s: Optional[float]
+    step_time_s: float = 0.0
+    timestamp: float = field(default_factory=time.time)
+
+
+class StepClock:
+    def __init__(self, device) -> None:
+        self.cuda = torch.device(device).type == "cuda"
+        self._pending: deque = deque()
+        self._t0 = 0.0
+        self._events = None
+
+    def start(self) -> None:
+        if self.cuda:
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            self._events = (s, e)
+        else:
+            self._t0 = time.perf_counter()
+
+    def stop(self, record: StepRecord) -> list[StepRecord]:
+        """Finish timing ``record``; return every record whose time is now known."""
+        if not self.cuda:
+            record.step_time_s = time.perf_counter() - self._t0
+            return [record]
+        s, e = self._events
+        e.record()
+        self._pending.append((s, e, record))
+        done = []
+        while self._pending and self._pending[0][1].query():
+            s0, e0, rec = self._pending.popleft()
+            rec.step_time_s = s0.elapsed_time(e0) / 1000.0
+            done.append(rec)
+        while len(self._pending) > 64:  # never grow without bound
+            self._pending.popleft()
+        return done
+
+
+class StepStats:
+    def __init__(self, window: int = 256) -> None:
+        self.steps = 0
+        self._recent: deque = deque(maxlen=window)
+        self.last_log = 0.0
+
+    def add(self, rec: StepRecord, model_pred: Optional[float]) -> None:
+        self.steps += 1
+        err = None
+        if model_pred is not None and model_pred > 0 and rec.step_time_s > 0:
+            err = abs(model_pred - rec.step_time_s) / rec.step_time_s
+        self._recent.append((rec, err))
+
+    def summary(self) -> dict:
+        recs = [r for r, _ in self._recent]
+        errs = sorted(e for _, e in self._recent if e is not None)
+        if not recs:
+            return {"steps": self.steps}
+        acc = [sum(r.accepted_lens) / len(r.accepted_lens) for r in recs if r.accepted_lens]
+        bud = [r.budget_tokens / (r.num_requests or 1) for r in recs if r.budget_tokens is not None]
+        return {
+            "steps": self.steps,
+            "window": len(recs),
+            "mean_running_requests": round(sum(r.num_requests for r in recs) / len(recs), 3),
+            "mean_verify_tokens": round(sum(r.verify_tokens for r in recs) / len(recs), 3),
+            "mean_budget_per_request": round(sum(bud) / len(bud), 3) if bud else None,
+            "mean_accepted_drafts": round(sum(acc) / len(acc), 3) if acc else None,
+            "mean_step_ms": round(1000 * sum(r.step_time_s for r in recs) / len(recs), 3),
+            "profile_rel_error_median": round(errs[len(errs) // 2], 4) if errs else None,
+        }
