@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sglang_dspark.server_process import SGLangServer, http_json
-from sglang_dspark.tiny_models import TinySpec, ensure_pair
+from sglang_dspark.tiny_models import PRESETS, ensure_pair
 
 
 def main(argv=None):
@@ -27,8 +27,9 @@ def main(argv=None):
     ap.add_argument("--models", default="artifacts/tiny")
     ap.add_argument("--concurrency", default="1,2,4,8,16,32")
     ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--spec", default="tiny", choices=sorted(PRESETS))
     args = ap.parse_args(argv)
-    ensure_pair(Path(args.models), TinySpec())
+    ensure_pair(Path(args.models), PRESETS[args.spec])
     levels = [int(x) for x in args.concurrency.split(",")]
     srv = SGLangServer(model_path=f"{args.models}/target", draft_path=f"{args.models}/draft",
                        env={"SGLANG_RAGGED_VERIFY_MODE": "static",

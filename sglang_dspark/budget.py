@@ -25,6 +25,7 @@ SGLang's top-K admission, exactly as upstream.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections import Counter
@@ -40,6 +41,8 @@ from sglang.srt.speculative.dspark_components.dspark_planner import (
 )
 
 from dspark_controller.planner import compute_lagged_budget
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,8 @@ class BudgetConfig:
 
 def survival_to_confidences(survival: torch.Tensor) -> np.ndarray:
     """Per-position conditional confidences from cumulative survival rows."""
-    s = survival.detach().to(torch.float64).cpu().numpy()
+    s = np.nan_to_num(survival.detach().to(torch.float64).cpu().numpy(), nan=0.0,
+                      posinf=1.0, neginf=0.0)
     prev = np.concatenate([np.ones((s.shape[0], 1)), s[:, :-1]], axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         c = np.where(prev > 0, s / prev, 0.0)
@@ -93,6 +97,7 @@ class BudgetBrain:
         self.latest_decision = latest_decision
         self.enabled = enabled
         self.sources: Counter = Counter()
+        self.errors = 0
         self.last_source = "none"
         self._rng = random.Random(config.seed)
 
@@ -110,13 +115,15 @@ class BudgetBrain:
             if out is not None:
                 return self._note("controller", out)
         model = self.local_model
-        if model is None or not model.ready:
+        if model is None:
             return None
         p = (self.config.explore_prob_young if model.steps < self.config.young_steps
              else self.config.explore_prob if model.steps < self.config.explore_until_steps else 0.0)
         if p > 0 and self._rng.random() < p:
             k = self._rng.randint(0, full)
             return self._note("explore", VerifyBudgetDecision(budget=k))
+        if not model.ready:
+            return None
         sps = model.sps_function(num_req)
         return self._note("local", self._argmax(survival, max_len, sps))
 
@@ -180,7 +187,14 @@ class OnlineBudgetPlanner(HostConfidenceBudgetPlanner):
             decision = VerifyBudgetDecision(budget=max(0, int(float(self.forced_budget_frac) * full)))
             self.brain._note("forced", decision)
         else:
-            decision = self.brain.decide(survival, max_len=max_len)
+            try:
+                decision = self.brain.decide(survival, max_len=max_len)
+            except Exception:  # a planning bug must never fail requests
+                self.brain.errors += 1
+                if self.brain.errors <= 3 or self.brain.errors % 1000 == 0:
+                    logger.exception("sglang-dspark: budget planning failed (%d times); "
+                                     "using SGLang's table for this step", self.brain.errors)
+                decision = None
             if decision is None:
                 decision = compute_verify_token_budget(
                     history_survival_probs=survival, sps_table=self.sps_table, cfg=self.cfg)

@@ -97,6 +97,14 @@ class TinySpec:
             raise ValueError("dtype must be float32 or bfloat16.")
 
 
+PRESETS = {
+    "tiny": TinySpec(),
+    # hidden 768: big enough that step time grows with verify tokens even on a CPU
+    "bench": TinySpec(hidden_size=768, intermediate_size=3072, num_heads=12, num_kv_heads=4,
+                      head_dim=64),
+}
+
+
 def _corpus_text() -> str:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     parts = []

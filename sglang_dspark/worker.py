@@ -79,6 +79,7 @@ class DSparkControlledWorker(DSparkWorkerV2):
             if online:
                 planner._is_verify_all = False
         self._compact = planner.is_compact_mode
+        self._seen_decision_at = 0.0
         self._dspark_ready = True
         logger.info("sglang-dspark %s: DSparkControlledWorker active (mode=%s, online=%s, "
                     "controller=%s)", sglang_dspark.__version__, planner.mode_value, online,
@@ -88,21 +89,26 @@ class DSparkControlledWorker(DSparkWorkerV2):
     def _forward_decode(self, batch, on_publish, grammar_barrier):
         if not self._dspark_ready or batch.forward_mode.is_idle():
             return super()._forward_decode(batch, on_publish, grammar_barrier)
-        decided_before = self._online_planner.last_decided_at if self._online_planner else 0.0
         self._clock.start()
         result = super()._forward_decode(batch, on_publish, grammar_barrier)
-        self._after_step(batch, result, decided_before)
+        self._after_step(batch, result)
         return result
 
-    def _after_step(self, batch, result, decided_before) -> None:
+    def _step_budget(self):
+        """The budget this step ran with: the planner's latest decision, if it made one
+        since the previous step (SGLang decides either inside the step or just before)."""
+        planner = self._online_planner
+        if planner is None or planner.last_decided_at == self._seen_decision_at:
+            return None
+        self._seen_decision_at = planner.last_decided_at
+        return planner.last_budget
+
+    def _after_step(self, batch, result) -> None:
         from sglang_dspark.telemetry import StepRecord
 
         try:
             num_req = int(len(batch.reqs))
-            budget = None
-            planner = self._online_planner
-            if planner is not None and planner.last_decided_at != decided_before:
-                budget = planner.last_budget
+            budget = self._step_budget()
             gamma = int(self.verify_num_draft_tokens) - 1
             if self._compact and budget is not None:
                 verify_tokens = num_req + int(budget)

@@ -1,4 +1,5 @@
-"""``dspark-controller`` command line: serve | status | set | plan.
+"""``dspark-controller`` command line: serve | status | set | plan, and the profile commands
+(profile | show | diff | validate | schema | export | import, in :mod:`.profile_cli`).
 
 Exit codes: 0 success, 1 the controller did not answer or refused, 2 bad input.
 """
@@ -376,12 +377,17 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--max-trace", type=int, default=24, help="admissions listed in the explanation")
     pl.add_argument("--json", action="store_true", help="print one JSON object")
     pl.set_defaults(func=cmd_plan)
+
+    from .profile_cli import add_subcommands
+
+    add_subcommands(sub)
     return ap
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args._argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return int(args.func(args))
     except UsageError as exc:

@@ -36,14 +36,15 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from .profile_file import EngineFingerprint, ErrorMetrics, SpsModelState
+from .profile_file import EngineFingerprint, ErrorMetrics, ProfileFile, SpsModelState
 
 __all__ = [
     "PROTOCOL_VERSION", "DEFAULT_MAX_MESSAGE_BYTES", "DROP_REASONS", "DecodeError",
     "EngineFingerprint", "PolicySpec", "Register", "RegisterAck", "Heartbeat", "HeartbeatAck",
     "ContextLenSummary", "AcceptSummary", "StepTelemetry", "TelemetryBatch", "SpsTable",
     "SpsAdditiveTable", "ProfileUpdate", "BudgetDecision", "SetPolicy", "SetPolicyReply",
-    "StatusRequest", "EngineStatus", "ProfileStatus", "StatusReply", "ErrorReply", "Message",
+    "StatusRequest", "EngineStatus", "ProfileStatus", "StatusReply", "ErrorReply", "ProfileRequest",
+    "ProfileReply", "Message",
     "encode", "encode_pub", "decode_body", "decode_frames", "decision_topic", "profile_topic",
     "RateLimitedLog", "DropCounter",
 ]
@@ -381,15 +382,30 @@ class ErrorReply(_Msg):
     message: str = Field(max_length=4096)
 
 
+class ProfileRequest(_Msg):
+    """CLI -> controller: the full learned profile (``dspark-controller profile --from-controller``)."""
+
+    type: Literal["profile_request"] = "profile_request"
+    profile_key: IdStr
+
+
+class ProfileReply(_Msg):
+    """The profile as it would be persisted (cells, raw samples, held-out error)."""
+
+    type: Literal["profile_reply"] = "profile_reply"
+    profile: ProfileFile
+
+
 Message = Annotated[
     Union[Register, Heartbeat, TelemetryBatch, RegisterAck, HeartbeatAck, ProfileUpdate,
-          BudgetDecision, SetPolicy, SetPolicyReply, StatusRequest, StatusReply, ErrorReply],
+          BudgetDecision, SetPolicy, SetPolicyReply, StatusRequest, StatusReply, ErrorReply,
+          ProfileRequest, ProfileReply],
     Field(discriminator="type"),
 ]
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(Message)
 _TYPES = frozenset(("register", "heartbeat", "telemetry", "register_ack", "heartbeat_ack",
                     "profile", "decision", "set_policy", "set_policy_reply", "status",
-                    "status_reply", "error"))
+                    "status_reply", "error", "profile_request", "profile_reply"))
 
 
 class DecodeError(Exception):

@@ -45,7 +45,8 @@ from .profile_file import (ErrorMetrics, ProfileFile, SpsModelState, load_profil
                            profile_path, save_profile)
 from .protocol import (
     DEFAULT_MAX_MESSAGE_BYTES, BudgetDecision, DecodeError, DropCounter, EngineFingerprint,
-    EngineStatus, ErrorReply, Heartbeat, HeartbeatAck, PolicySpec, ProfileStatus, ProfileUpdate,
+    EngineStatus, ErrorReply, Heartbeat, HeartbeatAck, PolicySpec, ProfileReply, ProfileRequest, ProfileStatus,
+    ProfileUpdate,
     RateLimitedLog, Register, RegisterAck, SetPolicy, SetPolicyReply, SpsTable, StatusReply,
     StatusRequest, StepTelemetry, TelemetryBatch, decode_frames, encode, encode_pub,
 )
@@ -700,7 +701,8 @@ class Controller:
             return
         identity, rest = frames[0], frames[1:]
         try:
-            msg = decode_frames(rest, max_bytes=self.config.max_message_bytes, expect=(StatusRequest, SetPolicy))
+            msg = decode_frames(rest, max_bytes=self.config.max_message_bytes,
+                                expect=(StatusRequest, SetPolicy, ProfileRequest))
         except DecodeError as exc:
             self._drop(exc.reason, "cli: " + exc.detail)
             reply: Any = ErrorReply(message=f"rejected: {exc}")
@@ -709,6 +711,13 @@ class Controller:
         self.metrics.messages.labels(type=msg.type).inc()
         if isinstance(msg, StatusRequest):
             self._cli_reply(identity, self.status())
+        elif isinstance(msg, ProfileRequest):
+            prof = self.profiles.get(msg.profile_key)
+            if prof is None or prof.samples_seen == 0:
+                self._cli_reply(identity, ErrorReply(message=f"no learned profile {msg.profile_key!r}; known: "
+                                                             f"{sorted(self.profiles)[:20]}"))
+            else:
+                self._cli_reply(identity, ProfileReply(profile=self.profile_file(prof)))
         else:
             self._cli_reply(identity, self.set_policy(msg))
 

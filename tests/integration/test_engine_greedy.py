@@ -89,3 +89,23 @@ def test_sps_table_budgets_chosen_and_applied(mode, tiny_pair, sps_table, tmp_pa
         # SGLang accounts anchors + budget as the step's verify tokens (compact runs
         # exactly those; cap-accept runs all and caps acceptance at the budget).
         assert r["num_verify_tokens"] == r["num_running_reqs"] + r["budget"], r
+
+
+def test_greedy_equivalence_with_budgets_changing_every_step(tiny_pair, sps_table,
+                                                              tmp_path_factory):
+    """Compact mode, no table, a uniformly random verify budget on every step
+    (SGLANG_DSPARK_EXPLORE_PROB=1): output still equals the non-speculative engine's."""
+    base = _run((False, None, "float32"), tiny_pair, sps_table, tmp_path_factory)
+    kw = engine_kwargs(tiny_pair, dtype="float32", speculative_algorithm="DSPARK",
+                       speculative_draft_model_path=tiny_pair["draft"])
+    job = {"engine": kw, "server_info": True,
+           "env": {"SGLANG_RAGGED_VERIFY_MODE": "compact", "SGLANG_DSPARK_EXPLORE_PROB": "1",
+                   "SGLANG_DSPARK_ENABLE_SPS_RECORD": "1"},
+           "batches": [{"prompts": PROMPTS, "sampling": _sampling()}]}
+    spec = run_engine_job(job, tmp_path_factory.mktemp("job"))
+    assert _ids(spec) == _ids(base)
+    rec = spec["server_info"]["internal_states"][0]["dspark_info_record"]
+    sources = rec["sglang_dspark"]["budget_sources"]
+    assert sources.get("explore", 0) >= 10, sources
+    budgets = [r["budget"] for r in rec["records"] if r.get("budget") is not None]
+    assert len(set(budgets)) >= 4, budgets  # budgets really changed step to step

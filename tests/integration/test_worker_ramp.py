@@ -1,0 +1,65 @@
+"""No table, no controller: the worker learns its engine's SPS profile online and
+per-request verify budgets fall as load rises, as that profile predicts.
+
+Uses the "bench" tiny pair (hidden 768) so that step time grows with verify tokens
+even on a CPU.  Budgets and predicted/measured step times are read from SGLang's own
+per-step records (SGLANG_DSPARK_ENABLE_SPS_RECORD=1), not from our code's claims.
+"""
+
+import statistics
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from sglang_dspark.server_process import SGLangServer, http_json
+
+
+@pytest.fixture(scope="module")
+def bench_pair(tmp_path_factory):
+    from sglang_dspark.tiny_models import PRESETS, build_pair
+
+    out = tmp_path_factory.mktemp("bench")
+    build_pair(out, PRESETS["bench"])
+    return {"target": str(out / "target"), "draft": str(out / "draft")}
+
+
+def _level(srv, concurrency, max_new=32):
+    def one(i):
+        r = http_json(srv.url + "/generate", {"text": f"def h{i}(x):", "sampling_params": {
+            "temperature": 0, "max_new_tokens": max_new, "ignore_eos": True}}, timeout=600)
+        return r["meta_info"]["completion_tokens"]
+    with ThreadPoolExecutor(concurrency) as ex:
+        return list(ex.map(one, range(concurrency)))
+
+
+def test_budgets_fall_with_load_from_online_profile(bench_pair, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    srv = SGLangServer(model_path=bench_pair["target"], draft_path=bench_pair["draft"],
+                       env={"SGLANG_RAGGED_VERIFY_MODE": "compact",
+                            "SGLANG_DSPARK_ENABLE_SPS_RECORD": "1",
+                            "SGLANG_DSPARK_LOG_INTERVAL_S": "0"},
+                       extra_args=["--max-running-requests", "32"])
+    with srv:
+        for c in (4, 16, 32, 1, 8):  # learning traffic
+            assert _level(srv, c) == [32] * c
+        info = srv.server_info()["internal_states"][0]["dspark_info_record"]
+        n_before = len(info["records"])
+        for c in (1, 1, 32, 32):     # measured traffic, profile already learned
+            assert _level(srv, c) == [32] * c
+        info = srv.server_info()["internal_states"][0]["dspark_info_record"]
+    plugin = info["sglang_dspark"]
+    assert plugin["local_profile"]["ready"]
+    assert plugin["budget_sources"].get("local", 0) > 20, plugin["budget_sources"]
+    gamma = info["gamma"]
+    recs = [r for r in info["records"][n_before:] if r.get("budget") is not None]
+    low = [r["budget"] / r["num_running_reqs"] for r in recs if r["num_running_reqs"] == 1]
+    high = [r["budget"] / r["num_running_reqs"] for r in recs if r["num_running_reqs"] >= 24]
+    assert low and high
+    # at load 1 the profile says extra tokens are nearly free; at load >= 24 they are not
+    assert statistics.mean(low) > statistics.mean(high) + 0.5, (statistics.mean(low),
+                                                                 statistics.mean(high), gamma)
+    # the budgets came with the profile's predictions, and those predictions held
+    errs = [abs(r["predicted_step_ms"] - r["step_cpu_ms"]) / r["step_cpu_ms"]
+            for r in recs if r.get("predicted_step_ms") and r.get("step_cpu_ms")]
+    assert len(errs) > 10
+    assert statistics.median(errs) < 0.5, statistics.median(errs)
