@@ -78,6 +78,9 @@ class DSparkControlledWorker(DSparkWorkerV2):
             planner._budget_planner = self._online_planner
             if online:
                 planner._is_verify_all = False
+        from sglang_dspark.metrics import worker_metrics
+
+        self._metrics = worker_metrics(sa)
         self._compact = planner.is_compact_mode
         self._seen_decision_at = 0.0
         self._dspark_ready = True
@@ -151,6 +154,9 @@ class DSparkControlledWorker(DSparkWorkerV2):
             model.update(rec.num_requests, rec.verify_tokens, rec.step_time_s)
         if self._link is not None:
             self._link.publish(rec)
+        if self._metrics is not None:
+            self._metrics.observe(rec, sources=self._brain.sources,
+                                  link_state=self._link.client.link_state if self._link else None)
         now = time.monotonic()
         if self._log_interval > 0 and now - self._stats.last_log >= self._log_interval:
             self._stats.last_log = now

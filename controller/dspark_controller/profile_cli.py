@@ -17,10 +17,28 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 DEFAULT_SCHEMA_PATH = "profiles/schema/profile.schema.json"
 
 
-def _usage(msg: str) -> Exception:
-    from .cli import UsageError
+class ProfileUsageError(Exception):
+    """Bad command-line input (exit code 2)."""
 
-    return UsageError(msg)
+
+def _usage(msg: str) -> Exception:
+    return ProfileUsageError(msg)
+
+
+def _guard(fn: Any) -> Any:
+    """Exit code 2 with ``dspark-controller CMD: error: ...`` for bad input, like the other commands.
+
+    (Its own exception class: ``python -m dspark_controller.cli`` runs cli.py as ``__main__``,
+    whose ``UsageError`` is a different class from ``dspark_controller.cli.UsageError``.)
+    """
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except ProfileUsageError as exc:
+            print(f"dspark-controller {args.command}: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    run.__name__ = fn.__name__
+    return run
 
 
 def _command_line(argv: Optional[list[str]] = None) -> str:
@@ -66,7 +84,10 @@ def _profile_passive(args: argparse.Namespace) -> int:
     if args.curve_server_key or args.curve_client_cert:
         from .cli import _curve_client_opts
 
-        server_key, keys = _curve_client_opts(args)
+        try:
+            server_key, keys = _curve_client_opts(args)
+        except Exception as exc:
+            raise _usage(str(exc)) from None
         curve = (server_key, keys)
     try:
         pf, info = fetch_from_controller(args.from_controller, profile_key=args.profile_key,
@@ -376,7 +397,7 @@ def add_subcommands(sub: Any) -> None:
     pg.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the controller")
     pg.add_argument("--curve-server-key", help="controller public key (Z85 or .key file) for CurveZMQ")
     pg.add_argument("--curve-client-cert", help="this client's .key_secret certificate for CurveZMQ")
-    p.set_defaults(func=cmd_profile)
+    p.set_defaults(func=_guard(cmd_profile))
 
     s = sub.add_parser("show", help="a profile (or SGLang table) as tables, and a PNG with --png")
     s.add_argument("file")
@@ -386,7 +407,7 @@ def add_subcommands(sub: Any) -> None:
     s.add_argument("--levels", help="request counts to show budgets for (default: those with data)")
     s.add_argument("--max-rows", type=int, default=60)
     s.add_argument("--json", action="store_true")
-    s.set_defaults(func=cmd_show)
+    s.set_defaults(func=_guard(cmd_show))
 
     d = sub.add_parser("diff", help="compare two profiles (per-bin relative step-time difference)")
     d.add_argument("a")
@@ -395,16 +416,16 @@ def add_subcommands(sub: Any) -> None:
     d.add_argument("--png", help="write a comparison picture here")
     d.add_argument("--json", action="store_true")
     d.add_argument("--fail-above", type=float, help="exit 1 if the max |relative difference| exceeds this")
-    d.set_defaults(func=cmd_diff)
+    d.set_defaults(func=_guard(cmd_diff))
 
     v = sub.add_parser("validate", help="check profile files (or SGLang tables)")
     v.add_argument("files", nargs="+")
-    v.set_defaults(func=cmd_validate)
+    v.set_defaults(func=_guard(cmd_validate))
 
     sc = sub.add_parser("schema", help="the JSON Schema of profile files")
     sc.add_argument("-o", "--out", help=f"write it here (the repository keeps it in {DEFAULT_SCHEMA_PATH})")
     sc.add_argument("--check", metavar="FILE", help="exit 1 if FILE differs from the current schema")
-    sc.set_defaults(func=cmd_schema)
+    sc.set_defaults(func=_guard(cmd_schema))
 
     e = sub.add_parser("export", help="write a profile as an SGLang SpsCostTable or SpsAdditiveCostTable")
     e.add_argument("file")
@@ -414,7 +435,7 @@ def add_subcommands(sub: Any) -> None:
     e.add_argument("--b-min", type=int)
     e.add_argument("--b-max", type=int, help="cost: last B (default: R * (gamma + 1))")
     e.add_argument("-o", "--out", required=True, help="output JSON ('-' for stdout)")
-    e.set_defaults(func=cmd_export)
+    e.set_defaults(func=_guard(cmd_export))
 
     im = sub.add_parser("import", help="turn an SGLang SPS table into a profile file (as a prior)")
     im.add_argument("table")
@@ -427,4 +448,4 @@ def add_subcommands(sub: Any) -> None:
     im.add_argument("--dtype")
     im.add_argument("--attention-backend")
     im.add_argument("--sglang-version")
-    im.set_defaults(func=cmd_import)
+    im.set_defaults(func=_guard(cmd_import))

@@ -24,7 +24,8 @@ def _clean_env():
 def server(tiny_pair, monkeypatch_module):
     for k in ("SGLANG_USE_CPU_ENGINE", "TRITON_INTERPRET", "SGLANG_RAGGED_VERIFY_MODE"):
         monkeypatch_module.delenv(k, raising=False)
-    srv = SGLangServer(model_path=tiny_pair["target"], draft_path=tiny_pair["draft"])
+    srv = SGLangServer(model_path=tiny_pair["target"], draft_path=tiny_pair["draft"],
+                       extra_args=["--enable-metrics"])
     srv.start()
     yield srv
     assert srv.stop() is not None
@@ -75,6 +76,17 @@ def test_our_worker_serves(server):
     rec = info["internal_states"][0]["dspark_info_record"]
     assert rec["sglang_dspark"]["worker"] == "sglang_dspark.worker.DSparkControlledWorker"
     assert info["attention_backend"] == "dspark_cpu"
+
+
+def test_metrics_endpoint_has_dspark_metrics(server):
+    http_json(server.url + "/generate", {"text": "x = 1", "sampling_params": {
+        "temperature": 0, "max_new_tokens": 16}})
+    with urllib.request.urlopen(server.url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    assert "sglang_dspark:verify_tokens" in text
+    assert 'sglang_dspark:budget_decisions_total{source=' in text or \
+        "sglang_dspark:running_requests" in text
+    assert "sglang:" in text  # SGLang's own metrics on the same endpoint
 
 
 def _broken(tmp_path, tiny_pair, edit):
