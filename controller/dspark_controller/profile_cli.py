@@ -315,10 +315,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(json.dumps(table))
         return EXIT_OK
     write_json_atomic(args.out, table, indent=None)
-    try:
-        from sglang.srt.speculative.dspark_components.dspark_sps import load_sps_table_from_path
-    except Exception:
-        check = "SGLang not importable here, not checked with its loader"
+    from .profile_tools import sglang_table_loader
+
+    load_sps_table_from_path = sglang_table_loader()
+    if load_sps_table_from_path is None:
+        check = "SGLang not installed here, not checked with its loader"
     else:
         try:
             load_sps_table_from_path(args.out)

@@ -28,7 +28,7 @@ from .sps_model import ErrorSummary, PriorCurve, SpsModel, SpsModelConfig
 
 __all__ = [
     "ProfileToolError", "LoadedProfile", "build_profile", "load_any", "validate_file", "export_table",
-    "import_table", "write_json_atomic", "write_text_atomic", "schema_text", "sample_cells", "summary_table", "budget_table",
+    "import_table", "sglang_table_loader", "write_json_atomic", "write_text_atomic", "schema_text", "sample_cells", "summary_table", "budget_table",
     "diff_profiles", "DiffResult", "format_table",
 ]
 
@@ -161,6 +161,37 @@ def _first_line(exc: BaseException) -> str:
     return s[0] if s else exc.__class__.__name__
 
 
+def sglang_table_loader() -> Any:
+    """SGLang's own ``load_sps_table_from_path``, or None when SGLang is not installed.
+
+    Loaded from SGLang's ``dspark_sps.py`` file directly (it only needs msgspec), so a
+    check does not pay for importing the whole of SGLang (torch, kernels); the code that
+    runs is exactly SGLang's.
+    """
+    import importlib.util
+    import sys
+
+    mod = sys.modules.get("sglang.srt.speculative.dspark_components.dspark_sps")
+    if mod is not None:
+        return mod.load_sps_table_from_path
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    path = Path(spec.origin).parent / "srt" / "speculative" / "dspark_components" / "dspark_sps.py"
+    if not path.is_file():
+        return None
+    try:
+        fspec = importlib.util.spec_from_file_location("_sglang_dspark_sps_standalone", path)
+        module = importlib.util.module_from_spec(fspec)
+        fspec.loader.exec_module(module)  # type: ignore[union-attr]
+    except Exception:
+        return None
+    return module.load_sps_table_from_path
+
+
 def validate_file(path: str) -> tuple[bool, list[str], list[str]]:
     """(ok, problems, notes) for a profile file or an SGLang table."""
     problems: list[str] = []
@@ -171,10 +202,9 @@ def validate_file(path: str) -> tuple[bool, list[str], list[str]]:
         return False, [str(exc)], notes
     if lp.profile is None:
         notes.append(lp.describe())
-        try:
-            from sglang.srt.speculative.dspark_components.dspark_sps import load_sps_table_from_path
-        except Exception:
-            notes.append("SGLang is not importable here; checked the table with DSpark's own reader only")
+        load_sps_table_from_path = sglang_table_loader()
+        if load_sps_table_from_path is None:
+            notes.append("SGLang is not installed here; checked the table with DSpark's own reader only")
         else:
             try:
                 load_sps_table_from_path(str(path))
