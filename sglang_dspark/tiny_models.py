@@ -152,6 +152,18 @@ def _unit_rows(gen, n: int, d: int):
     return rows / rows.norm(dim=1, keepdim=True)
 
 
+def _qwen3_fields(spec: TinySpec, num_layers: int) -> dict:
+    """config.json fields shared by the target and the draft (same shapes)."""
+    return {
+        "vocab_size": spec.vocab_size, "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size, "num_hidden_layers": num_layers,
+        "num_attention_heads": spec.num_heads, "num_key_value_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim, "hidden_act": "silu", "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": None,
+        "attention_bias": False, "tie_word_embeddings": False,
+    }
+
+
 def _save_safetensors(state: dict, path: Path) -> None:
     from safetensors.torch import save_file
 
@@ -223,12 +235,8 @@ def build_pair(out: Path, spec: TinySpec = TinySpec()) -> dict:
     _save_safetensors({k: v.to(dt) for k, v in tstate.items()}, tdir / "model.safetensors")
     tconfig = {
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
-        "vocab_size": V, "hidden_size": H, "intermediate_size": spec.intermediate_size,
-        "num_hidden_layers": spec.num_target_layers, "num_attention_heads": spec.num_heads,
-        "num_key_value_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
-        "hidden_act": "silu", "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0, "rope_scaling": None, "attention_bias": False,
-        "attention_dropout": 0.0, "tie_word_embeddings": False, "use_cache": True,
+        **_qwen3_fields(spec, spec.num_target_layers),
+        "attention_dropout": 0.0, "use_cache": True,
         "use_sliding_window": False, "sliding_window": None,
         "bos_token_id": None, "eos_token_id": eos_id, "pad_token_id": tokenizer.pad_token_id,
         "torch_dtype": spec.dtype,
@@ -286,12 +294,7 @@ def build_pair(out: Path, spec: TinySpec = TinySpec()) -> dict:
     _save_safetensors({k: v.to(dt) for k, v in dstate.items()}, ddir / "model.safetensors")
     dconfig = {
         "architectures": ["Qwen3DSparkModel"], "model_type": "qwen3",
-        "vocab_size": V, "hidden_size": H, "intermediate_size": spec.intermediate_size,
-        "num_hidden_layers": spec.num_draft_layers, "num_attention_heads": spec.num_heads,
-        "num_key_value_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
-        "hidden_act": "silu", "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0, "rope_scaling": None, "attention_bias": False,
-        "tie_word_embeddings": False, "torch_dtype": spec.dtype,
+        **_qwen3_fields(spec, spec.num_draft_layers), "torch_dtype": spec.dtype,
         "block_size": spec.block_size, "num_target_layers": spec.num_target_layers,
         "dflash_config": {"target_layer_ids": list(spec.target_layer_ids),
                           "mask_token_id": mask_id, "block_size": spec.block_size},
