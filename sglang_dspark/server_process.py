@@ -48,6 +48,9 @@ class SGLangServer:
     env: dict[str, str] = field(default_factory=dict)
     log_path: Path | None = None
     startup_timeout: float = 300.0
+    # On CPU SGLang sizes the KV pool from free RAM; cap it so several servers fit
+    # on a small machine (None: leave SGLang's default, e.g. to test the bare command).
+    cpu_kv_tokens: int | None = 32768
     proc: subprocess.Popen | None = None
 
     def __post_init__(self):
@@ -64,7 +67,11 @@ class SGLangServer:
         if self.draft_path:
             cmd += ["--speculative-algorithm", "DSPARK",
                     "--speculative-draft-model-path", self.draft_path]
-        return cmd + list(self.extra_args)
+        extra = list(self.extra_args)
+        if (self.device == "cpu" and self.cpu_kv_tokens and "--max-total-tokens" not in extra
+                and "--mem-fraction-static" not in extra):
+            extra += ["--max-total-tokens", str(self.cpu_kv_tokens)]
+        return cmd + extra
 
     def start(self) -> "SGLangServer":
         if self.log_path is None:

@@ -25,7 +25,7 @@ def server(tiny_pair, monkeypatch_module):
     for k in ("SGLANG_USE_CPU_ENGINE", "TRITON_INTERPRET", "SGLANG_RAGGED_VERIFY_MODE"):
         monkeypatch_module.delenv(k, raising=False)
     srv = SGLangServer(model_path=tiny_pair["target"], draft_path=tiny_pair["draft"],
-                       extra_args=["--enable-metrics"])
+                       extra_args=["--enable-metrics"], cpu_kv_tokens=None)
     srv.start()
     yield srv
     assert srv.stop() is not None
