@@ -11,6 +11,10 @@ server        the controller process
 cli           ``dspark-controller`` command line (serve, status, set, plan)
 endpoints     endpoint derivation, bind safety, CurveZMQ key loading
 sim           synthetic engines with known step-time curves (tests and benchmark)
+profiling     ``profile``: measure a live SGLang server (active) or fetch a controller's profile (passive)
+profile_tools the profiles library: build, validate, export/import SGLang tables, show, diff
+plots         PNG pictures of profiles (matplotlib, imported lazily)
+profile_cli   the profile subcommands of ``dspark-controller``
 
 Only ``planner``, ``sps_model`` and ``profile_file`` are imported eagerly by callers
 that run inside the decode loop; nothing here imports SGLang.

@@ -381,6 +381,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .profile_cli import add_subcommands
 
     add_subcommands(sub)
+
+    from .simulate import add_subcommand as add_simulate
+
+    add_simulate(sub)
     return ap
 
 

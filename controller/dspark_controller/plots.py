@@ -73,6 +73,11 @@ def plot_profile(lp: LoadedProfile, out: str, *, confidences: Sequence[float] = 
                 med = np.array([c["median_s"] for c in cr])
                 ax_t.scatter(bb, 1e3 * med, s=28, facecolors="none", edgecolors=[col], lw=1.2)
                 ax_thr.scatter(bb, bb / med, s=28, facecolors="none", edgecolors=[col], lw=1.2)
+    if s.size:
+        top = float(np.quantile(s[:, 2], 0.99)) * 1e3
+        fit_top = max(float(lp.model.predict_step_time(r, r * (g + 1))) for r in levels) * 1e3
+        ax_t.set_ylim(0, 1.15 * max(top, fit_top))
+        ax_thr.set_ylim(0, 1.15 * float(np.quantile(s[:, 1] / s[:, 2], 0.995)))
     ax_t.set_xlabel("B = tokens verified per step (R anchors + K draft tokens)")
     ax_t.set_ylabel("step time (ms)")
     ax_t.set_title("step time: samples (dots), medians (rings), fit (lines)")

@@ -101,7 +101,7 @@ def _profile_passive(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}: profile {pf.profile_key} from controller {info['controller_id']} "
           f"({pf.samples_seen} samples learned from live telemetry of {', '.join(info['engines']) or 'past engines'}; "
           f"prequential held-out error {'n/a' if err.mape is None else f'{100 * err.mape:.1f}%'} over {err.n} steps)")
-    print(f"next: dspark-controller show {args.out} --png {Path(args.out).with_suffix('.png')}")
+    print(f"next: dspark-controller show {args.out} --png {Path(args.out).with_suffix('.png').name}")
     return EXIT_OK
 
 
@@ -120,7 +120,7 @@ def _profile_active(args: argparse.Namespace) -> int:
         min_passes=args.min_passes, max_passes=args.max_passes, max_time_s=args.max_time,
         round_timeout_s=args.round_timeout, restart_wait_s=args.restart_wait, max_retries=args.max_retries,
         heldout_frac=args.heldout, seed=args.seed, device_name=args.device_name, time_field=args.time_field,
-        clear_records=args.clear_records, checkpoint=args.checkpoint, resume=args.resume,
+        clear_records=not args.keep_records, checkpoint=args.checkpoint, resume=args.resume,
         command=_command_line(args._argv))
     try:
         s.validate()
@@ -164,7 +164,7 @@ def _profile_active(args: argparse.Namespace) -> int:
           f"({res.passes} passes, {res.wall_s:.0f}s), {'converged' if res.converged else 'NOT converged'} at "
           f"{100 * s.precision:g}%; held-out step-time error {100 * h['mape']:.1f}% (n={h['n']})"
           if h.get("n") else f"wrote {res.out} ({res.samples} samples, no held-out split)")
-    print(f"next: dspark-controller show {res.out} --png {Path(res.out).with_suffix('.png')}")
+    print(f"next: dspark-controller show {res.out} --png {Path(res.out).with_suffix('.png').name}")
     return EXIT_OK
 
 
@@ -387,8 +387,9 @@ def add_subcommands(sub: Any) -> None:
     g.add_argument("--device-name", help="device name for the fingerprint (default: derived; needed for remote GPUs)")
     g.add_argument("--time-field", default="step_cpu_ms", choices=("step_cpu_ms", "step_gpu_ms"),
                    help="which per-step time of SGLang's records to use (default: %(default)s)")
-    g.add_argument("--clear-records", action="store_true",
-                   help="clear the server's step records before each round (smaller /server_info replies)")
+    g.add_argument("--keep-records", action="store_true",
+                   help="do not clear SGLang's step records before each round (by default they are cleared: "
+                        "/server_info stays small, so polling it does not slow the steps being measured)")
     g.add_argument("--checkpoint", help="checkpoint file (default: OUT.partial.json)")
     g.add_argument("--resume", action="store_true", help="continue an interrupted run from its checkpoint")
     g.add_argument("--quiet", action="store_true", help="no progress output")

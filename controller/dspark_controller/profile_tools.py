@@ -369,7 +369,8 @@ def summary_table(lp: LoadedProfile, *, max_rows: int = 60) -> tuple[list[str], 
 def load_levels(lp: LoadedProfile, *, max_levels: int = 8) -> list[int]:
     """Representative request counts: those with data (log-spaced subset), else powers of two."""
     if lp.samples.size:
-        rs = np.unique(lp.samples[:, 0].astype(int))
+        rs, counts = np.unique(lp.samples[:, 0].astype(int), return_counts=True)
+        rs = rs[counts >= 0.05 * counts.max()]          # the swept loads, not a few stray steps
         if rs.size > max_levels:
             pick = np.unique(np.geomspace(rs[0], rs[-1], max_levels).round().astype(int))
             rs = np.unique([int(rs[np.argmin(np.abs(rs - p))]) for p in pick])

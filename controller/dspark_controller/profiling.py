@@ -17,9 +17,15 @@ timed decode step is a sample ``(R', B, t)`` (steps of the ramp-up and the tail,
 fewer requests run, are samples too); the steps at exactly R give the round's median
 for the cell (R, f). A *pass* visits every cell that is not yet precise, in a seeded
 random order (so slow drift does not line up with R or f). The run stops when every
-cell has at least ``min_passes`` rounds, the relative standard error of each cell's
-estimate is below ``precision`` and the fitted curve moved less than ``precision``
-since the previous pass; or at ``max_time`` / ``max_passes``.
+cell has at least ``min_passes`` rounds, the relative standard error of 90% of the
+cells' estimates is below ``precision`` and the fitted curve moved on average less than
+``precision / 2`` since the previous pass (:meth:`ActiveProfiler.converged`); or at
+``max_time`` / ``max_passes``.
+
+SGLang's step records are cleared before each round (``dspark_clear_info_records``;
+``--keep-records`` keeps them) so the ``/server_info`` reply the profiler polls stays
+small: with thousands of records one read costs the server a few hundred milliseconds,
+which would land in the very steps being measured.
 
 Failures: a failed request is retried as part of its round; a round whose requests all
 fail, or during which the server restarted (its ``forward_ct`` went backwards or its
@@ -95,7 +101,7 @@ class ProfileSettings:
     seed: int = 0
     device_name: Optional[str] = None
     time_field: str = "step_cpu_ms"
-    clear_records: bool = False
+    clear_records: bool = True
     checkpoint: Optional[str] = None
     resume: bool = False
     command: str = ""
@@ -402,13 +408,23 @@ class ActiveProfiler:
         except ProfilingError as exc:
             if isinstance(exc, ServerGone):
                 raise ProfilingError(f"cannot reach the server: {exc}. Is it running at {self.s.url}?") from None
-            # some builds fail /server_info until the first decode steps ran; one short request fixes that
-            self.progress.message(f"/server_info failed ({exc}); sending one warm-up request and retrying")
-            try:
-                self.server.generate("def warm_up(x):", 24, timeout=self.s.request_timeout_s)
-            except ProfilingError:
-                pass
-            info = self._info()
+            # a fresh server can fail /server_info (HTTP 500: a NaN in its JSON) until it ran some decode
+            # steps; a few warm-up requests fix that
+            self.progress.message(f"/server_info failed ({exc}); sending warm-up requests and retrying")
+            info = None
+            for attempt in range(4):
+                try:
+                    self.server.generate(f"def warm_up_{attempt}(x):", 64, timeout=self.s.request_timeout_s)
+                except ProfilingError:
+                    pass
+                try:
+                    info = self._info()
+                    break
+                except ServerGone:
+                    raise
+                except ProfilingError:
+                    if attempt == 3:
+                        raise
         ctx = server_context(info, url=self.s.url, device_name=self.s.device_name, warn=self.warn)
         if self.ctx is not None and ctx.fingerprint != self.ctx.fingerprint:
             raise ProfilingError("the server now reports a different engine (model, draft, gamma, device, ...) than "
@@ -427,8 +443,10 @@ class ActiveProfiler:
                     if old is not None and self.ctx.instance != old:
                         self.progress.message("the server restarted (new instance); continuing with it")
                     return
-                except ServerGone:
-                    pass
+                except ProfilingError as exc:
+                    if "different engine" in str(exc):
+                        raise
+                    why = str(exc)
             time.sleep(2.0)
         raise ServerGone(f"the server at {self.s.url} did not come back within {self.s.restart_wait_s:.0f}s "
                          f"(last problem: {why})")
@@ -438,15 +456,37 @@ class ActiveProfiler:
         self._forced = frac is not None
 
     def release(self) -> None:
-        """Give the server its own budget decisions back (best effort)."""
-        if self._forced:
-            try:
-                self.server.set_internal({"dspark_force_budget_frac": None})
-            except ProfilingError as exc:
-                self.warn(f"could not clear the forced budget fraction ({exc}); the server keeps verifying a fixed "
-                          "fraction until you POST /set_internal_state {\"server_args\": "
-                          "{\"dspark_force_budget_frac\": null}} or restart it")
-            self._forced = False
+        """Give the server its own budget decisions back (best effort).
+
+        SGLang's handler accepts ``null`` to clear the pinned fraction, but SGLang 0.5.23's
+        HTTP request schema (``Dict[str, Union[int, float]]``) refuses it with HTTP 400.
+        Then the fraction is left at 1.0 (verify every draft token: what SGLang does with
+        no SPS table) and the user is told to restart the server.
+        """
+        if not self._forced:
+            return
+        self._forced = False
+        try:
+            self.server.set_internal({"dspark_force_budget_frac": None})
+            return
+        except ServerGone as exc:
+            self.warn(f"could not clear the forced budget fraction ({exc}); if the server is still up it keeps "
+                      "the last pinned fraction until it restarts")
+            return
+        except ProfilingError as exc:
+            import re
+
+            m = re.search(r"HTTP \d+", str(exc))
+            first = f"it answered {m.group(0)}" if m else str(exc).splitlines()[0][:120]
+        try:
+            self.server.set_internal({"dspark_force_budget_frac": 1.0})
+            self.warn(f"the server refused to clear the pinned verify-budget fraction ({first}; SGLang 0.5.23's "
+                      "/set_internal_state schema does not accept null), so it is left at 1.0: verify every "
+                      "draft token, SGLang's behaviour without an SPS table. Restart the server to give it its own "
+                      "budget decisions back.")
+        except ProfilingError as exc:
+            self.warn(f"could not reset the pinned verify-budget fraction ({exc}); restart the server to give it "
+                      "its own budget decisions back")
 
     def _records(self, info: dict) -> list[list[dict]]:
         return [list(p.get("records") or []) for p in _payloads(info)]
@@ -510,7 +550,7 @@ class ActiveProfiler:
             self._force(ZERO_FRAC if frac <= 0 else float(frac))
         if self.s.clear_records:
             try:
-                self.server.set_internal({"dspark_clear_info_records": True})
+                self.server.set_internal({"dspark_clear_info_records": 1})
             except ProfilingError:
                 pass
         info = self._info()
@@ -588,7 +628,9 @@ class ActiveProfiler:
                 if rr >= 1:
                     req_steps += rr
                 ms = x.get(tf)
-                if ms is None or rr < 1 or bb < rr:
+                # only steady steps at R: ramp-up and tail steps share their step with prefills,
+                # finishing requests and HTTP replies, and measure slower than the batch alone
+                if ms is None or rr != r or bb < rr:
                     continue
                 timed += 1
                 if timed <= self.s.warmup_steps:
@@ -598,8 +640,7 @@ class ActiveProfiler:
                     continue
                 self.samples.append([rr, bb, t, round_id])
                 n_samples += 1
-                if rr == r:
-                    target.append(t)
+                target.append(t)
         finished_naturally = not alive and not errors
         tps_obs = n_req * max(0, mnt - 1) / req_steps if req_steps and finished_naturally else None
         if tps_obs is not None and tps_obs > 0:
@@ -660,15 +701,20 @@ class ActiveProfiler:
         return np.asarray([model.predict_step_time(r, b) for r, b in pts], dtype=np.float64)
 
     def converged(self) -> bool:
+        """Stable: every cell measured ``min_passes`` times, at least 90% of the cells precise to
+        ``precision`` (relative standard error of their median), and the fitted curve moved on
+        average less than ``precision / 2`` at the cells since the previous pass."""
         stats = [self.cell_stats(r, f) for r, f in self.cells]
-        cells_ok = all(self.cell_done(s) for s in stats)
+        enough = all(s["rounds"] >= self.s.min_passes for s in stats)
+        precise = sum(1 for s in stats if self.cell_done(s)) >= 0.9 * len(stats)
+        cells_ok = enough and precise
         grid = self._fit_grid()
         if grid is not None and self._fit_prev is not None:
-            self._fit_change = float(np.max(np.abs(grid - self._fit_prev) / self._fit_prev))
+            self._fit_change = float(np.mean(np.abs(grid - self._fit_prev) / self._fit_prev))
         else:
             self._fit_change = None
         self._fit_prev = grid
-        fit_ok = self._fit_change is not None and self._fit_change <= self.s.precision
+        fit_ok = self._fit_change is not None and self._fit_change <= self.s.precision / 2
         return cells_ok and fit_ok
 
     def _eta(self, todo_this_pass: list[tuple[int, float]]) -> tuple[float, float]:
@@ -840,6 +886,10 @@ class ActiveProfiler:
                                            seed=self.s.seed)
         except ProfileToolError as exc:
             raise ProfilingError(f"{exc}; measurements kept in {self.s.checkpoint_path()}") from None
+        if err.n and err.mape > 0.25:
+            self.warn(f"the measurements are very noisy: the fit misses held-out steps by {100 * err.mape:.0f}% on "
+                      "average. Is something else running on this machine? Profiles are best measured on an "
+                      "otherwise idle server (compare with `dspark-controller diff` after re-profiling).")
         save_profile(self.s.out, pf)
         try:
             self.s.checkpoint_path().unlink()

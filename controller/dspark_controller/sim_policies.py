@@ -1,0 +1,457 @@
+"""Budget policies for the fleet simulator, run through the production code.
+
+Every DSpark policy chooses a draft-token budget K per step from *lagged* survival rows
+(confidences two steps old; requests too young for that get all-ones rows, exactly as
+SGLang's ``HostConfidenceBudgetPlanner._two_steps_prior_survival``), and the step then
+verifies the global top-K of the live survival products.
+
+Two code paths ("backends") run the same decisions:
+
+``worker``
+    the worker's own objects: :class:`sglang_dspark.budget.BudgetBrain` (controller
+    decision -> local online :class:`SpsModel` with the worker's exploration schedule ->
+    ``None``), SGLang 0.5.23's ``compute_verify_token_budget`` with an ``SpsCostTable``
+    for ``upstream``, and SGLang's ``schedule_verify_lens_topk_from_survival`` for the live
+    top-K admission. Importing them imports SGLang (10-25 s).
+``planner``
+    no SGLang import: :func:`dspark_controller.planner.compute_lagged_budget` (which is the
+    function ``BudgetBrain`` calls) for K, :func:`~dspark_controller.planner.plan_lagged`
+    for the top-K, and :class:`PlannerBrain`, a line-for-line transcription of
+    ``BudgetBrain.decide`` (same source order, same ``random.Random`` draws), so both
+    backends produce the same budgets step for step; ``tests/controller/test_simulate.py``
+    checks that against the real ``BudgetBrain`` when SGLang is importable.
+
+The ``controller`` and ``sla`` policies run the real
+:class:`dspark_controller.server.Controller` in-process (no sockets): simulated steps go
+through ``Controller._on_step`` as ``StepTelemetry`` (the fields the worker's
+``ControllerLink.publish`` sends), decisions come from ``Controller.decide`` every
+``decision_interval_s`` of simulated time, and the worker side applies them through
+``BudgetBrain`` (``_from_controller``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from .planner import compute_lagged_budget, plan_lagged, sps_from_pairs
+
+__all__ = ["Backend", "PlannerBrain", "make_policy", "POLICY_NAMES", "BrainConfig", "SimController",
+           "resolve_backend"]
+
+POLICY_NAMES = ("nospec", "mtp1", "verify_all", "upstream", "online", "controller", "sla", "oracle")
+
+
+# ------------------------------------------------------------------ backends
+@dataclass(frozen=True)
+class BrainConfig:
+    """Mirror of ``sglang_dspark.budget.BudgetConfig`` defaults (the worker's schedule)."""
+
+    decision_max_age_s: float = 2.0
+    explore_prob_young: float = 0.25
+    young_steps: int = 200
+    explore_prob: float = 0.03
+    explore_until_steps: int = 5000
+    seed: int = 0
+
+
+class _Decision:
+    """The subset of ``VerifyBudgetDecision`` the simulator reads."""
+
+    __slots__ = ("budget",)
+
+    def __init__(self, budget: int) -> None:
+        self.budget = int(budget)
+
+
+def _survival_to_confidences(survival: np.ndarray) -> np.ndarray:
+    """numpy transcription of ``sglang_dspark.budget.survival_to_confidences``."""
+    s = np.nan_to_num(np.asarray(survival, dtype=np.float64), nan=0.0, posinf=1.0, neginf=0.0)
+    prev = np.concatenate([np.ones((s.shape[0], 1)), s[:, :-1]], axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c = np.where(prev > 0, s / prev, 0.0)
+    return np.clip(c, 0.0, 1.0)
+
+
+class PlannerBrain:
+    """``BudgetBrain.decide`` without SGLang (same branches, same RNG calls, same planner)."""
+
+    def __init__(self, *, local_model: Any, config: BrainConfig = BrainConfig(),
+                 latest_decision: Optional[Callable[[float], Any]] = None, enabled: bool = True) -> None:
+        self.local_model = local_model
+        self.config = config
+        self.latest_decision = latest_decision
+        self.enabled = enabled
+        self.sources: Counter = Counter()
+        self._rng = random.Random(config.seed)
+
+    def decide(self, survival: np.ndarray, *, max_len: int) -> Optional[_Decision]:
+        if not self.enabled or survival.size == 0:
+            return None
+        num_req = int(survival.shape[0])
+        full = int(survival[:, :max_len].size)
+        decision = self.latest_decision(self.config.decision_max_age_s) if self.latest_decision else None
+        if decision is not None:
+            out = self._from_controller(decision, survival, max_len, num_req, full)
+            if out is not None:
+                return self._note("controller", out)
+        model = self.local_model
+        if model is None:
+            return None
+        p = (self.config.explore_prob_young if model.steps < self.config.young_steps
+             else self.config.explore_prob if model.steps < self.config.explore_until_steps else 0.0)
+        if p > 0 and self._rng.random() < p:
+            k = self._rng.randint(0, full)
+            return self._note("explore", _Decision(k))
+        if not model.ready:
+            return None
+        return self._note("local", self._argmax(survival, max_len, model.sps_function(num_req)))
+
+    def _from_controller(self, d: Any, survival: np.ndarray, max_len: int, num_req: int, full: int):
+        cap = full if d.max_budget_tokens is None else min(full, int(d.max_budget_tokens))
+        if d.explore_prob and self._rng.random() < float(d.explore_prob):
+            return _Decision(self._rng.randint(0, cap))
+        if d.verify_all:
+            return _Decision(full)
+        if d.budget_frac is not None:
+            return _Decision(min(cap, int(float(d.budget_frac) * full)))
+        sps = d.sps_function(num_req)
+        if sps is not None:
+            floor = (getattr(d.policy, "floor_tok_s", None) if getattr(d.policy, "mode", None) == "sla" else None)
+            out = self._argmax(survival, max_len, sps, sla_floor=floor)
+            return _Decision(min(cap, out.budget))
+        if d.budget_tokens is not None and int(d.num_requests) == num_req:
+            return _Decision(min(cap, int(d.budget_tokens)))
+        return None
+
+    @staticmethod
+    def _argmax(survival: np.ndarray, max_len: int, sps: Any, sla_floor: Optional[float] = None) -> _Decision:
+        conf = _survival_to_confidences(survival[:, :max_len])
+        return _Decision(compute_lagged_budget(conf, sps, sla_floor=sla_floor).budget_tokens)
+
+    def _note(self, source: str, d: _Decision) -> _Decision:
+        self.sources[source] += 1
+        return d
+
+
+class Backend:
+    """Where budgets and admissions are computed (see the module docstring)."""
+
+    def __init__(self, name: str) -> None:
+        if name not in ("worker", "planner"):
+            raise ValueError(f"unknown budget backend {name!r}; use worker, planner or auto")
+        self.name = name
+        if name == "worker":
+            import torch
+            from sglang.kernels.ops.speculative.dspark.dspark_schedule import \
+                schedule_verify_lens_topk_from_survival
+            from sglang.srt.speculative.dspark_components.dspark_planner import (DSparkScheduleConfig,
+                                                                                 compute_verify_token_budget)
+            from sglang.srt.speculative.dspark_components.dspark_sps import SpsCostTable
+
+            from sglang_dspark.budget import BudgetBrain, BudgetConfig
+
+            self._torch = torch
+            self._topk = schedule_verify_lens_topk_from_survival
+            self._cfg_cls = DSparkScheduleConfig
+            self._sglang_budget = compute_verify_token_budget
+            self._table_cls = SpsCostTable
+            self._brain_cls = BudgetBrain
+            self._brain_cfg_cls = BudgetConfig
+
+    # ---- K from a lagged survival array [R, gamma]
+    def brain(self, *, local_model: Any, config: BrainConfig, latest_decision: Any = None) -> Any:
+        if self.name == "worker":
+            cfg = self._brain_cfg_cls(**config.__dict__)
+            return self._brain_cls(local_model=local_model, config=cfg, latest_decision=latest_decision)
+        return PlannerBrain(local_model=local_model, config=config, latest_decision=latest_decision)
+
+    def brain_decide(self, brain: Any, survival: np.ndarray, gamma: int) -> Optional[int]:
+        if self.name == "worker":
+            d = brain.decide(self._torch.from_numpy(np.ascontiguousarray(survival, dtype=np.float32)),
+                             max_len=gamma + 1)
+        else:
+            d = brain.decide(survival.astype(np.float32), max_len=gamma + 1)
+        return None if d is None else int(d.budget)
+
+    def upstream_table(self, table: dict) -> Any:
+        if self.name == "worker":
+            return self._table_cls(sample_batch_tokens=[int(x) for x in table["sample_batch_tokens"]],
+                                   sample_steps_per_sec=[float(x) for x in table["sample_steps_per_sec"]],
+                                   max_batch_tokens=int(table["max_batch_tokens"]))
+        return sps_from_pairs(list(zip(table["sample_batch_tokens"], table["sample_steps_per_sec"])))
+
+    def upstream_budget(self, table_obj: Any, survival: np.ndarray, gamma: int) -> int:
+        """SGLang's ``compute_verify_token_budget`` (worker) or ``compute_lagged_budget`` over the
+        table's floor lookup (planner): the same argmax of (R + top-k survival) * SPS(R + k)."""
+        if self.name == "worker":
+            cfg = self._cfg_cls(gamma=gamma)
+            surv = self._torch.from_numpy(np.ascontiguousarray(survival, dtype=np.float32))
+            return int(self._sglang_budget(history_survival_probs=surv, sps_table=table_obj, cfg=cfg).budget)
+        conf = _survival_to_confidences(survival.astype(np.float32))
+        return compute_lagged_budget(conf, table_obj).budget_tokens
+
+    # ---- live admission: global top-K of the live survival products
+    def admit(self, live_conf: np.ndarray, K: int, gamma: int) -> np.ndarray:
+        R = live_conf.shape[0]
+        if K >= R * gamma:
+            return np.full(R, gamma, dtype=np.int64)
+        if K <= 0:
+            return np.zeros(R, dtype=np.int64)
+        if self.name == "worker":
+            surv = self._torch.cumprod(self._torch.from_numpy(np.ascontiguousarray(live_conf, dtype=np.float32)), dim=1)
+            lens = self._topk(survival_probs=surv, budget=int(K), cfg=self._cfg_cls(gamma=gamma))
+            return lens.numpy().astype(np.int64) - 1          # SGLang counts the anchor
+        p = plan_lagged(live_conf, _unit_sps, budget=int(K))
+        return np.asarray(p.lengths, dtype=np.int64)
+
+
+def _unit_sps(b: Any) -> Any:
+    return 1.0 if np.isscalar(b) else np.ones(np.shape(b))
+
+
+def resolve_backend(name: str) -> Backend:
+    """``auto``: the worker's code when SGLang imports, else the planner path."""
+    if name == "auto":
+        try:
+            return Backend("worker")
+        except Exception:
+            return Backend("planner")
+    return Backend(name)
+
+
+# ------------------------------------------------------------------ controller in-process
+class SimController:
+    """The real :class:`~dspark_controller.server.Controller`, driven without sockets.
+
+    One instance per policy run, shared by all simulated engines (one profile, as engines
+    with the same fingerprint share one in production). ``send_verify_lens`` adds the
+    per-request verify lengths to the telemetry; the worker's ``ControllerLink.publish``
+    does not send them today (default False, as in production).
+    """
+
+    def __init__(self, *, gamma: int, mode: str = "throughput", floor: Optional[float] = None,
+                 explore: float = 0.0, decision_interval_s: float = 0.1, send_verify_lens: bool = False,
+                 max_requests: int = 1024, max_batch_tokens: int = 8192) -> None:
+        import logging
+
+        from .protocol import EngineFingerprint, PolicySpec
+        from .server import Controller, ControllerConfig, _Engine
+        from .sps_model import SpsModelConfig
+
+        logging.getLogger("dspark_controller.server").setLevel(logging.WARNING)
+        mbt = 1 << max(6, int(np.ceil(np.log2(max(max_batch_tokens, 64)))))
+        cfg = ControllerConfig(bind="ipc:///nonexistent/dspark-sim", profiles_dir=None, max_learn_steps_per_s=0,
+                               policy=PolicySpec(mode=mode, floor_tok_s=floor, explore_prob=explore),
+                               decision_interval_s=decision_interval_s,
+                               model=SpsModelConfig(max_batch_tokens=mbt, max_requests=max(max_requests, 1)))
+        self.ctrl = Controller(config=cfg)
+        self.gamma = gamma
+        self.interval = decision_interval_s
+        self.send_verify_lens = send_verify_lens
+        self._fp = EngineFingerprint(target_model="sim-target", draft_model="sim-draft", gamma=gamma,
+                                     device_name="sim")
+        self._engine_cls = _Engine
+        self.engines: dict[int, Any] = {}
+        self.decisions: dict[int, tuple[float, Any]] = {}
+        self._seq: dict[int, int] = {}
+
+    def _engine(self, idx: int) -> Any:
+        eng = self.engines.get(idx)
+        if eng is None:
+            prof = self.ctrl._profile_for(self._fp)
+            g = self.gamma
+            eng = self._engine_cls(engine_id=f"sim-{idx}", worker_id=f"w{idx}", client_nonce="n", fingerprint=self._fp,
+                                   profile_key=prof.key, identity=b"", last_seen=0.0, registered_at=0.0, gamma=g,
+                                   acc_trials=np.zeros(g), acc_succ=np.zeros(g))
+            self.ctrl.engines[eng.engine_id] = eng
+            prof.engines.add(eng.engine_id)
+            self.engines[idx] = eng
+            self._seq[idx] = 0
+        return eng
+
+    @property
+    def model(self) -> Any:
+        return self.ctrl.profiles[self._fp.profile_key()].model if self.ctrl.profiles else None
+
+    def observe(self, idx: int, now: float, R: int, B: int, t: float, accepted: np.ndarray,
+                lengths: np.ndarray) -> None:
+        from .protocol import StepTelemetry
+
+        eng = self._engine(idx)
+        self._seq[idx] += 1
+        kw: dict[str, Any] = {}
+        if self.send_verify_lens:
+            kw["verify_lens"] = [int(x) for x in lengths]
+        step = StepTelemetry(seq=self._seq[idx], num_running_requests=int(R), verify_tokens=int(B),
+                             step_time_s=float(t), accepted_lens=[min(int(x), 1024) for x in accepted], **kw)
+        self.ctrl._on_step(eng, step, now)
+
+    def latest(self, idx: int, now: float, R: int) -> Optional[Any]:
+        """The decision the worker holds at ``now`` (refreshed every ``interval``)."""
+        eng = self._engine(idx)
+        last = self.decisions.get(idx)
+        if last is None or now - last[0] >= self.interval:
+            eng.num_requests = int(R)
+            d = self.ctrl.decide(eng)
+            eng.decision_seq = d.seq
+            eng.last_decision = d
+            self.decisions[idx] = (now, d)
+            last = self.decisions[idx]
+        return last[1]
+
+
+# ------------------------------------------------------------------ policies
+class Policy:
+    """One policy instance per engine and run. ``budget`` returns K or None (verify all)."""
+
+    name = "policy"
+    kind = "dspark"          # nospec | mtp1 | dspark
+
+    def __init__(self) -> None:
+        self.sources: Counter = Counter()
+
+    def budget(self, *, now: float, R: int, gamma: int, lagged_survival: np.ndarray,
+               true_sps: Callable[[Any], Any]) -> Optional[int]:
+        return None
+
+    def observe(self, *, now: float, R: int, B: int, t: float, accepted: np.ndarray, lengths: np.ndarray) -> None:
+        pass
+
+    def state(self) -> dict[str, Any]:
+        return {"sources": dict(self.sources)}
+
+
+class _Fixed(Policy):
+    def __init__(self, name: str, kind: str) -> None:
+        super().__init__()
+        self.name, self.kind = name, kind
+
+
+class UpstreamPolicy(Policy):
+    """SGLang's lagged planner with a static SPS table fixed at start (SGLang's behaviour)."""
+
+    name = "upstream"
+
+    def __init__(self, backend: Backend, table: dict) -> None:
+        super().__init__()
+        self.backend = backend
+        self.table = table
+        self._obj = backend.upstream_table(table)
+
+    def budget(self, *, now, R, gamma, lagged_survival, true_sps):
+        self.sources["table"] += 1
+        return self.backend.upstream_budget(self._obj, lagged_survival, gamma)
+
+
+class OnlinePolicy(Policy):
+    """Our worker without a controller: ``BudgetBrain`` over its own online ``SpsModel``."""
+
+    name = "online"
+
+    @property
+    def decision_model(self) -> Any:
+        return self.model
+
+    def __init__(self, backend: Backend, model: Any, config: BrainConfig) -> None:
+        super().__init__()
+        self.backend = backend
+        self.model = model
+        self.brain = backend.brain(local_model=model, config=config)
+
+    def budget(self, *, now, R, gamma, lagged_survival, true_sps):
+        k = self.backend.brain_decide(self.brain, lagged_survival, gamma)
+        if k is None:
+            self.sources["verify_all"] += 1
+        return k
+
+    def observe(self, *, now, R, B, t, accepted, lengths):
+        self.model.update(R, B, t)
+
+    def state(self) -> dict[str, Any]:
+        return {"sources": dict(self.brain.sources) | ({"verify_all": self.sources["verify_all"]}
+                                                        if self.sources["verify_all"] else {}),
+                "model_steps": int(self.model.steps), "model_ready": bool(self.model.ready)}
+
+
+class ControllerPolicy(OnlinePolicy):
+    """Our worker with the controller: decisions from the in-process ``Controller``."""
+
+    def __init__(self, backend: Backend, model: Any, config: BrainConfig, ctrl: SimController, engine_idx: int,
+                 name: str) -> None:
+        Policy.__init__(self)
+        self.name = name
+        self.backend = backend
+        self.model = model
+        self.ctrl = ctrl
+        self.idx = engine_idx
+        self._now = 0.0
+        self._R = 0
+        self.brain = backend.brain(local_model=model, config=config, latest_decision=self._latest)
+
+    @property
+    def decision_model(self) -> Any:
+        """The profile the decisions come from: the controller's (shared) model."""
+        return self.ctrl.model
+
+    def _latest(self, max_age_s: float) -> Any:
+        d = self.ctrl.latest(self.idx, self._now, self._R)
+        return d
+
+    def budget(self, *, now, R, gamma, lagged_survival, true_sps):
+        self._now, self._R = now, R
+        return super().budget(now=now, R=R, gamma=gamma, lagged_survival=lagged_survival, true_sps=true_sps)
+
+    def observe(self, *, now, R, B, t, accepted, lengths):
+        self.model.update(R, B, t)
+        self.ctrl.observe(self.idx, now, R, B, t, accepted, lengths)
+
+
+class OraclePolicy(Policy):
+    """Reference: the lagged planner over the *true* current curve (no learning error)."""
+
+    name = "oracle"
+
+    def budget(self, *, now, R, gamma, lagged_survival, true_sps):
+        conf = _survival_to_confidences(lagged_survival)
+        return compute_lagged_budget(conf, true_sps).budget_tokens
+
+
+def make_policy(name: str, *, backend: Backend, gamma: int, engine_idx: int, shared: dict,
+                upstream_table: Optional[dict], max_running: int, seed: int, sla_floor: Optional[float],
+                controller_explore: float, send_verify_lens: bool = False,
+                brain_config: Optional[BrainConfig] = None) -> Policy:
+    """Build one engine's policy; ``shared`` holds per-run objects shared across engines."""
+    if name == "nospec":
+        return _Fixed("nospec", "nospec")
+    if name == "mtp1":
+        return _Fixed("mtp1", "mtp1")
+    if name == "verify_all":
+        return _Fixed("verify_all", "dspark")
+    if name == "oracle":
+        return OraclePolicy()
+    if name == "upstream":
+        if upstream_table is None:
+            raise ValueError("policy 'upstream' needs a static table")
+        return UpstreamPolicy(backend, upstream_table)
+    cfg = brain_config or BrainConfig(seed=seed + engine_idx)
+    from sglang_dspark.link import local_model_for
+
+    model = local_model_for(max_requests=max_running, max_batch_tokens=max_running * (gamma + 1))
+    if name == "online":
+        return OnlinePolicy(backend, model, cfg)
+    if name in ("controller", "sla"):
+        key = f"ctrl-{name}"
+        if key not in shared:
+            if name == "sla" and not sla_floor:
+                raise ValueError("policy 'sla' needs an SLA floor (tokens/s per user)")
+            shared[key] = SimController(gamma=gamma, mode="sla" if name == "sla" else "throughput",
+                                        floor=sla_floor if name == "sla" else None, explore=controller_explore,
+                                        send_verify_lens=send_verify_lens, max_requests=max_running,
+                                        max_batch_tokens=2 * max_running * (gamma + 1))
+        return ControllerPolicy(backend, model, cfg, shared[key], engine_idx, name)
+    raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}")
