@@ -131,6 +131,9 @@ class ControllerLink:
         }
         if rec.accepted_lens is not None:
             msg["accepted_lens"] = [min(int(x), 1024) for x in rec.accepted_lens]
+        if rec.verify_lens is not None:
+            # without them the controller would count budget truncation as rejection
+            msg["verify_lens"] = [min(int(x), 1024) for x in rec.verify_lens]
         if rec.budget_tokens is not None:
             msg["budget_tokens"] = int(rec.budget_tokens)
         if rec.predicted_step_s:

@@ -185,5 +185,16 @@ class DSparkControlledWorker(DSparkWorkerV2):
 
     def dump_info_records(self):
         dumped = super().dump_info_records() or {}
-        dumped["sglang_dspark"] = self.plugin_state()
+        dumped["sglang_dspark"] = _json_safe(self.plugin_state())
         return dumped
+
+
+def _json_safe(obj):
+    """NaN/inf -> None: /server_info is JSON and must never fail because of us."""
+    if isinstance(obj, float):
+        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj

@@ -33,3 +33,14 @@ def test_cpu_intent_detection(monkeypatch):
     assert not boot.cpu_intended(["x", "--device", "cuda"])
     monkeypatch.setenv("SGLANG_DSPARK_CPU", "0")
     assert not boot.cpu_intended(["x", "--device", "cpu"])
+
+
+def test_plugin_state_is_json_safe():
+    import json
+
+    from sglang_dspark.worker import _json_safe
+
+    state = {"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": 2}}
+    out = _json_safe(state)
+    json.dumps(out, allow_nan=False)
+    assert out == {"a": None, "b": [1.0, None], "c": {"d": 2}}
