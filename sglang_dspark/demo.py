@@ -42,7 +42,11 @@ def summarize(info: dict) -> dict:
     return {
         "worker": (rec.get("sglang_dspark") or {}).get("worker"),
         "mode": rec.get("mode"), "gamma": gamma,
-        "avg_spec_accept_length": st.get("avg_spec_accept_length"),
+        "avg_spec_accept_length (SGLang)": st.get("avg_spec_accept_length"),
+        "mean_accept_length (plugin, incl. bonus)": (
+            None if ((rec.get("sglang_dspark") or {}).get("telemetry") or {}).get(
+                "mean_accepted_drafts") is None
+            else round(rec["sglang_dspark"]["telemetry"]["mean_accepted_drafts"] + 1, 3)),
         "budgeted_steps": len(rows),
         "steps_below_full_budget": sum(1 for f in fracs if f < 1.0),
         "mean_budget_fraction": round(statistics.mean(fracs), 3) if fracs else None,

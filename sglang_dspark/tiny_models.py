@@ -40,6 +40,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+BUILDER_VERSION = 2  # bump when the construction changes, so cached pairs are rebuilt
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>")
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -305,6 +306,7 @@ def build_pair(out: Path, spec: TinySpec = TinySpec()) -> dict:
     (ddir / "config.json").write_text(json.dumps(dconfig, indent=2) + "\n")
 
     manifest = {
+        "builder_version": BUILDER_VERSION,
         "spec": dataclasses.asdict(spec),
         "eos_token_id": eos_id, "mask_token_id": mask_id, "tokenizer_size": n_tok,
         "draft_row_accuracy": float(is_right[ordinary].double().mean()),
@@ -323,7 +325,8 @@ def ensure_pair(out: Path, spec: TinySpec = TinySpec()) -> dict:
     if mf.is_file():
         try:
             manifest = json.loads(mf.read_text())
-            if manifest.get("spec") == json.loads(json.dumps(dataclasses.asdict(spec))):
+            if (manifest.get("builder_version") == BUILDER_VERSION
+                    and manifest.get("spec") == json.loads(json.dumps(dataclasses.asdict(spec)))):
                 return manifest
         except (OSError, ValueError):
             pass
