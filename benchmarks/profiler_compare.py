@@ -61,7 +61,16 @@ def errors(pred: np.ndarray, t: np.ndarray) -> dict:
             "p90_ape": float(np.quantile(a, 0.9)), "bias": float(np.median(rel))}
 
 
+LOADS: dict = {}
+
+
+def note_load(stage: str) -> None:
+    """The machine's 1-minute load average at each stage (other jobs on a shared box skew timings)."""
+    LOADS[stage] = round(os.getloadavg()[0], 2)
+
+
 def run(cmd: list[str], log: Path, timeout: float) -> tuple[int, float, str]:
+    note_load("before " + Path(log).stem)
     t0 = time.monotonic()
     with open(log, "w") as f:
         try:
@@ -70,6 +79,7 @@ def run(cmd: list[str], log: Path, timeout: float) -> tuple[int, float, str]:
         except subprocess.TimeoutExpired:
             rc = -9
     wall = time.monotonic() - t0
+    note_load("after " + Path(log).stem)
     lines = [x for x in log.read_text(errors="replace").splitlines() if x.strip() and "Warning" not in x
              and "warnings.warn" not in x]
     errs = [x for x in lines if x.startswith(("ValueError", "RuntimeError", "error:", "requests.exceptions"))]
@@ -91,6 +101,7 @@ def heldout_rounds(url: str, n: int, seed: int, samples: list, tag: str) -> None
     prof = ActiveProfiler(ProfileSettings(url=url, out="/dev/null", steps_per_round=12, warmup_steps=2,
                                           round_timeout_s=60))
     prof._connect()
+    note_load(f"held-out {tag}")
     rng = random.Random(seed)
     for _ in range(n):
         r = rng.randint(1, 16)
@@ -176,7 +187,9 @@ def main(argv=None) -> int:
 
         heldout_rounds(url, args.heldout_rounds - half, args.seed + 1, held, "after")
 
+    res["load_average"] = LOADS
     h = np.asarray([x[:3] for x in held], dtype=np.float64)
+    tags = np.asarray([x[3] for x in held])
     r, b, t = h[:, 0].astype(int), h[:, 1].astype(int), h[:, 2]
     keys = sorted(set(zip(r.tolist(), b.tolist())))
     cell_med = {k: float(np.median(t[(r == k[0]) & (b == k[1])])) for k in keys}
@@ -206,7 +219,12 @@ def main(argv=None) -> int:
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             res[name]["first_bad"] = {"R": int(grid_r[i]), "B": int(grid_b[i]), "step_time_s": float(g[i])}
-        res[name]["heldout_per_step"] = errors(fn(r, b), t)
+        p = fn(r, b)
+        res[name]["heldout_per_step"] = errors(p, t)
+        for tag in ("before", "after"):
+            sel = tags == tag
+            if sel.any():
+                res[name][f"heldout_per_step_{tag}"] = errors(p[sel], t[sel])
         res[name]["heldout_per_cell"] = errors(fn(cr, cb), ct)
     text = json.dumps(res, indent=2)
     print(text)

@@ -64,9 +64,11 @@ def _load(path: str) -> Any:
 
 # ------------------------------------------------------------------ profile
 def cmd_profile(args: argparse.Namespace) -> int:
-    if (args.url is None) == (args.from_controller is None):
+    active = args.url is not None or args.launch is not None
+    if active == (args.from_controller is not None):
         raise _usage("give exactly one source: --url http://HOST:PORT (active: drive a running SGLang DSPARK "
-                     "server) or --from-controller ADDR (passive: what a running controller learned)")
+                     "server; or --launch CMD to start one) or --from-controller ADDR (passive: what a running "
+                     "controller learned)")
     if args.from_controller is not None:
         return _profile_passive(args)
     return _profile_active(args)
@@ -77,7 +79,7 @@ def _profile_passive(args: argparse.Namespace) -> int:
     from .profiling import ProfilingError, fetch_from_controller
 
     active_only = [f for f, v in (("--concurrency", args.concurrency), ("--fractions", args.fractions),
-                                  ("--resume", args.resume)) if v]
+                                  ("--resume", args.resume), ("--launch", args.launch)) if v]
     if active_only:
         raise _usage(f"{', '.join(active_only)} only apply to --url (active profiling)")
     curve = None
@@ -106,14 +108,13 @@ def _profile_passive(args: argparse.Namespace) -> int:
 
 
 def _profile_active(args: argparse.Namespace) -> int:
-    from .profile_tools import format_table
-    from .profiling import ActiveProfiler, ProfileSettings, ProfilingError, Progress
+    from .profiling import ProfileSettings, ProfilingError, Progress
 
     passive_only = [f for f, v in (("--profile-key", args.profile_key),) if v]
     if passive_only:
         raise _usage(f"{', '.join(passive_only)} only applies to --from-controller")
     s = ProfileSettings(
-        url=args.url, out=args.out,
+        url=args.url or "http://127.0.0.1:0", out=args.out,
         concurrency=_csv(args.concurrency, int, "--concurrency") if args.concurrency else None,
         fractions=_csv(args.fractions, float, "--fractions") if args.fractions else [1.0, 0.75, 0.5, 0.25, 0.0],
         steps_per_round=args.steps_per_round, warmup_steps=args.warmup_steps, precision=args.precision,
@@ -132,7 +133,29 @@ def _profile_active(args: argparse.Namespace) -> int:
     if not args.resume and s.checkpoint_path().is_file():
         print(f"note: {s.checkpoint_path()} exists from an earlier interrupted run; starting afresh "
               "(use --resume to continue it instead)", file=sys.stderr)
-    prof = ActiveProfiler(s, progress=Progress(enabled=not args.quiet))
+    progress = Progress(enabled=not args.quiet)
+    if args.launch:
+        from .profiling import LaunchedServer
+
+        try:
+            launched = LaunchedServer(args.launch, message=progress.message)
+        except ValueError as exc:
+            raise _usage(str(exc)) from None
+        try:
+            with launched:
+                s.url = args.url or launched.url
+                return _run_active(s, progress, args)
+        except ProfilingError as exc:
+            print(f"error: {exc}\nno profile was written.", file=sys.stderr)
+            return EXIT_FAIL
+    return _run_active(s, progress, args)
+
+
+def _run_active(s: Any, progress: Any, args: argparse.Namespace) -> int:
+    from .profile_tools import format_table
+    from .profiling import ActiveProfiler, ProfilingError
+
+    prof = ActiveProfiler(s, progress=progress)
     try:
         res = prof.run()
     except KeyboardInterrupt:
@@ -362,6 +385,10 @@ def add_subcommands(sub: Any) -> None:
                                    "SGLANG_RAGGED_VERIFY_MODE=compact) until the estimates are stable. Passive: "
                                    "turn what a running controller learned into a profile file.")
     p.add_argument("--url", help="active: the SGLang server, e.g. http://127.0.0.1:30000")
+    p.add_argument("--launch", metavar="CMD",
+                   help="active: start this server command first (with SGLANG_DSPARK_ENABLE_SPS_RECORD=1 and "
+                        "SGLANG_RAGGED_VERIFY_MODE=compact unless set), profile it, stop it; e.g. "
+                        "\"python -m sglang.launch_server --model-path ... --speculative-algorithm DSPARK ...\"")
     p.add_argument("--from-controller", metavar="ADDR",
                    help="passive: the controller's CLI endpoint, e.g. tcp://127.0.0.1:7152")
     p.add_argument("-o", "--out", required=True, help="profile file to write (JSON)")

@@ -901,6 +901,107 @@ class ActiveProfiler:
                          heldout=err.to_dict(), warnings=self.warnings)
 
 
+# ------------------------------------------------------------------ launching a server
+class LaunchedServer:
+    """``profile --launch CMD``: start the server command, wait for ``/health``, stop it afterwards.
+
+    The child gets ``SGLANG_DSPARK_ENABLE_SPS_RECORD=1`` and ``SGLANG_RAGGED_VERIFY_MODE=compact``
+    unless the environment already sets them; a missing ``--port`` is added; a leading
+    ``python`` means this CLI's own interpreter. It runs in its own
+    process group, which is terminated (then killed) at the end.
+    """
+
+    def __init__(self, command: str, *, log_path: Optional[str] = None, startup_timeout_s: float = 900.0,
+                 message: Callable[[str], None] = lambda m: None) -> None:
+        import shlex
+
+        self.argv = shlex.split(command)
+        if not self.argv:
+            raise ValueError("--launch needs the server command, e.g. \"python -m sglang.launch_server ...\"")
+        if self.argv[0] in ("python", "python3"):
+            self.argv[0] = sys.executable          # the interpreter running this CLI (its venv has SGLang)
+        if "--port" not in self.argv:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+            s.close()
+            self.argv += ["--port", str(port)]
+        self.port = int(self.argv[self.argv.index("--port") + 1])
+        host = self.argv[self.argv.index("--host") + 1] if "--host" in self.argv else "127.0.0.1"
+        self.url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{self.port}"
+        self.log_path = log_path
+        self.startup_timeout_s = startup_timeout_s
+        self.message = message
+        self.proc: Any = None
+        self._log: Any = None
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-n:])  # type: ignore[arg-type]
+        except (OSError, TypeError):
+            return "(no log)"
+
+    def __enter__(self) -> "LaunchedServer":
+        import subprocess
+        import tempfile
+
+        if self.log_path is None:
+            self.log_path = tempfile.mkstemp(prefix="dspark-profile-server-", suffix=".log")[1]
+        env = dict(os.environ)
+        env.setdefault("SGLANG_DSPARK_ENABLE_SPS_RECORD", "1")
+        env.setdefault("SGLANG_RAGGED_VERIFY_MODE", "compact")
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self._log = open(self.log_path, "w")
+        self.message(f"launching: {' '.join(self.argv)} (log: {self.log_path})")
+        try:
+            self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=True)
+        except OSError as exc:
+            self._log.close()
+            raise ProfilingError(f"--launch: cannot start {self.argv[0]!r}: {exc}") from None
+        http = HttpServer(self.url)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self._close()
+                raise ProfilingError(f"the launched server exited with code {self.proc.returncode} while starting; "
+                                     f"last lines of {self.log_path}:\n{self.log_tail()}")
+            if http.healthy():
+                self.message(f"server up at {self.url}")
+                return self
+            time.sleep(1.0)
+        self.__exit__(None, None, None)
+        raise ProfilingError(f"the launched server did not answer {self.url}/health within "
+                             f"{self.startup_timeout_s:.0f}s; last lines of {self.log_path}:\n{self.log_tail()}")
+
+    def _close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+        import subprocess
+
+        if self.proc is not None:
+            for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.proc.wait(timeout=wait)
+                    if sig == signal.SIGTERM:
+                        try:                  # the group may still hold children (scheduler, detokenizer)
+                            os.killpg(self.proc.pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        self._close()
+
+
 # ------------------------------------------------------------------ passive
 def _controller_request(address: str, msg: Any, *, timeout: float, curve: Optional[tuple] = None,
                         max_bytes: int = 256 << 20) -> Any:

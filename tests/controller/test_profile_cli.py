@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -261,10 +262,10 @@ def fake():
 
 
 FAST = ["--concurrency", "1,2,4,8", "--fractions", "1,0.75,0.5,0.25,0", "--steps-per-round", "6", "--precision", "0.05",
-        "--max-time", "90", "--heldout", "0.15"]
+        "--max-time", "150", "--heldout", "0.15"]
 
 
-def profile_cli(url: str, out: Path, *extra: str, timeout: float = 150.0) -> Any:
+def profile_cli(url: str, out: Path, *extra: str, timeout: float = 240.0) -> Any:
     return run_cli("profile", "--url", url, "-o", str(out), *FAST, *extra, timeout=timeout)
 
 
@@ -344,6 +345,31 @@ def test_resume_refuses_a_checkpoint_from_another_engine(fake, tmp_path):
     b = fake(model_path="/models/another-target")
     r2 = profile_cli(b.url, out, "--resume")
     assert r2.returncode == 1 and "different engine" in r2.stderr and not out.exists()
+
+
+LAUNCH_FAKE = ("import sys, time; sys.path.insert(0, {dir!r}); from test_profile_cli import FakeSGLang; "
+               "f = FakeSGLang(port=int(sys.argv[sys.argv.index('--port') + 1])).start(); time.sleep(600)")
+
+
+def test_launch_starts_profiles_and_stops_the_server(tmp_path):
+    import shlex
+
+    code = LAUNCH_FAKE.format(dir=str(Path(__file__).resolve().parent))
+    cmd = f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}"
+    out = tmp_path / "p.json"
+    r = run_cli("profile", "--launch", cmd, "-o", str(out), *FAST, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "launching:" in r.stderr and "server up at http://127.0.0.1:" in r.stderr
+    pf = load_profile(out)
+    assert pf.provenance.command.startswith("dspark-controller profile --launch") and rel_err_vs_truth(out) < 0.06
+    port = int(r.stderr.split("server up at http://127.0.0.1:")[1].split()[0])
+    import socket
+
+    with pytest.raises(ConnectionRefusedError):      # the launched server is gone
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    r = run_cli("profile", "--launch", f"{shlex.quote(sys.executable)} -c 'raise SystemExit(3)'", "-o",
+                str(tmp_path / "q.json"), timeout=60)
+    assert r.returncode == 1 and "exited with code 3 while starting" in r.stderr and "no profile was written" in r.stderr
 
 
 def test_server_without_step_records_is_refused_with_the_fix(fake, tmp_path):
