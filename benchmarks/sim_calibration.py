@@ -272,7 +272,7 @@ def measure(args) -> int:
 
 
 # ------------------------------------------------------------------ compare
-def build_scenario(args, meta: dict, levels: list[int]):
+def build_scenario(args, meta: dict, levels: list[int], requests_per_user: int = 2):
     from dspark_controller.simulate import LengthDist, Scenario, Workload
 
     gamma = int(meta.get("gamma") or 3)
@@ -291,7 +291,7 @@ def build_scenario(args, meta: dict, levels: list[int]):
         cost={"kind": "profile", "path": args.profile, "nospec_frac": nospec_frac,
               "prefill_frac": args.prefill_frac},
         workload=Workload(prompt=LengthDist("fixed", value=ptok), output=LengthDist("fixed", value=args.max_new_tokens),
-                          requests_per_user=2,
+                          requests_per_user=requests_per_user,
                           request_overhead_s=max(0.0, (fixed - prefill) * args.overhead_share)),
         domains=[{"name": "bench-trace", "trace": args.trace}], prefill="colocated", levels=levels,
         warmup_level=8, step_noise=args.step_noise, sla_floor=None, anchors=[], controller_explore=0.0,
@@ -324,13 +324,20 @@ def compare(args) -> int:
         if not Path(p).is_file():
             print(f"missing {p}; run: python benchmarks/sim_calibration.py measure", file=sys.stderr)
             return 1
-    bench = json.loads(bench_path.read_text())
+    raw = json.loads(bench_path.read_text())
+    bench = raw.get("results", raw)           # worker_bench.py >= 2 nests results beside its meta
+    bmeta = raw.get("meta", {})
+    if bmeta.get("max_new_tokens"):
+        args.max_new_tokens = int(bmeta["max_new_tokens"])
     meta = json.loads(Path(args.trace).read_text()).get("meta", {})
     configs = [c for c in ("nospec", "verify_all", "upstream", "online", "controller") if c in bench]
     levels = sorted({int(k) for c in configs for k in bench[c] if str(k).isdigit()})
-    sc = build_scenario(args, meta, levels)
-    res = run_frontier(sc, policies=configs, backend=args.budget_code, levels=levels,
-                       progress=(lambda s: print(s, file=sys.stderr)) if args.verbose else None)
+    res = []
+    for lv in levels:  # each level with the benchmark's own request count
+        m0 = next(bench[c].get(str(lv)) or bench[c].get(lv) for c in configs)
+        sc = build_scenario(args, meta, levels, requests_per_user=max(1, int(m0.get("requests", 2 * lv)) // lv))
+        res += run_frontier(sc, policies=configs, backend=args.budget_code, levels=[lv],
+                            progress=(lambda s: print(s, file=sys.stderr)) if args.verbose else None)
     rows = []
     for r in res:
         m = bench[r.policy].get(str(int(r.level))) or bench[r.policy].get(int(r.level))
@@ -379,7 +386,7 @@ def main(argv=None) -> int:
     co.add_argument("--bench", default=str(RESULTS / "worker_bench.json"))
     co.add_argument("--profile", default=str(RESULTS / "sim_calibration_profile.json"))
     co.add_argument("--trace", default=str(RESULTS / "sim_calibration_trace.json"))
-    co.add_argument("--upstream-table", default=str(RESULTS / "bench-cpu-sps-table.json"),
+    co.add_argument("--upstream-table", default=str(RESULTS / "bench-upstream-sps-table.json"),
                     help="the SpsCostTable the benchmark's 'upstream' config used (default: the file "
                          "worker_bench.py was given; missing: derived from the profile in static mode)")
     co.add_argument("--max-new-tokens", type=int, default=48)

@@ -1,89 +1,183 @@
 """Side-by-side serving benchmark on this machine (ratios, one run).
 
-    python benchmarks/worker_bench.py [--models artifacts/bench] [--levels 1,4,16,32]
+    python benchmarks/worker_bench.py [--json benchmarks/results/worker_bench.json] \
+        [--png docs/img/worker_bench.png]
 
-Serves the same target (and draft) five ways, one server at a time, and measures
-output tokens/s and tokens/s per user at each concurrency level:
+Serves the ``bench`` tiny pair (hidden 768, so step time grows with verify tokens even
+on a CPU; built locally) one server at a time and measures output tokens/s, tokens/s
+per user and SGLang's accept length at each concurrency level (closed loop, greedy,
+``ignore_eos``):
 
-  nospec     no speculation
-  verify_all DSPARK, static mode (verify every draft token)
-  upstream   DSPARK compact + SGLang's static SPS table, our online planning off
-             (SGLANG_DSPARK_ONLINE=0, SGLang's own sequential head): SGLang's behaviour
-  online     DSPARK compact, NO table, NO controller: our worker's online profile
-  controller DSPARK compact, NO table, our controller (throughput policy)
+  nospec      no speculation
+  verify_all  DSPARK as SGLang ships it with no table: static mode, every draft verified
+  upstream    DSPARK compact + the SpsAdditiveCostTable that SGLang's own
+              ``dspark_sps_profiler`` made for this pair (benchmarks/upstream_table.py);
+              our online planning off (SGLANG_DSPARK_ONLINE=0) and SGLang's own
+              sequential head: SGLang's planner and behaviour
+  online      ours: DSPARK compact, NO table, NO controller (the local online profile)
+              (every DSPARK config runs SGLang's own sequential head, so rows differ only
+              in how the verify budget is chosen)
+  fixed@f     the same server as ``online`` afterwards, with the verify budget pinned at
+              fraction f of all draft tokens (SGLang's dspark_force_budget_frac); the best
+              of these and verify_all is the "best fixed budget" at each level
+  controller  ours: DSPARK compact, NO table, our controller process (throughput policy)
 
-Every server gets the same warm-up pass before measurement (the online configs
-learn during it, as they would in production).  Model: the "bench" tiny pair
-(hidden 768, so step time depends on batch tokens even on a CPU), built locally.
-Ratios are vs ``verify_all`` at the same level.  Absolute numbers are CPU numbers
-and say nothing about a GPU.
+Every server first gets the same warm-up ramp (one wave at each level; the online
+configurations learn during it, as they would in production).  At the end the script
+prints the ratio tables, checks the targets of issue 4 (ours >= verify_all and >=
+upstream at every level, within 2% of the best fixed budget, host overhead per step
+within 2% of a step of upstream's planner) and writes JSON and a PNG.  Absolute numbers
+are CPU numbers and say nothing about a GPU; only the ratios in one run mean anything.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import platform
 import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
 from pathlib import Path
 
-from sglang_dspark.server_process import SGLangServer, free_port, http_json
-from sglang_dspark.tiny_models import PRESETS, ensure_pair
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from sglang_dspark.server_process import SGLangServer, free_port, http_json  # noqa: E402
+from sglang_dspark.tiny_models import PRESETS, ensure_pair  # noqa: E402
 
 BENCH_SPEC = PRESETS["bench"]
+FIXED_FRACS = (1.0, 0.75, 0.5, 0.25, 0.125)
+OURS = ("online", "controller")
 
 
-def run_level(url: str, concurrency: int, requests_per_user: int, max_new: int) -> dict:
-    prompts = [f"def task_{i}(data):" for i in range(concurrency * requests_per_user)]
+def run_level(url: str, concurrency: int, n_requests: int, max_new: int, tag: str = "") -> dict:
+    prompts = [f"def {tag}task_{i}(data):" for i in range(n_requests)]
 
     def one(p):
         t0 = time.perf_counter()
         r = http_json(url + "/generate", {"text": p, "sampling_params": {
-            "temperature": 0, "max_new_tokens": max_new, "ignore_eos": True}}, timeout=600)
-        return r["meta_info"]["completion_tokens"], time.perf_counter() - t0
+            "temperature": 0, "max_new_tokens": max_new, "ignore_eos": True}}, timeout=900)
+        mi = r["meta_info"]
+        return mi["completion_tokens"], time.perf_counter() - t0, mi.get("spec_verify_ct")
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as ex:
         res = list(ex.map(one, prompts))
     wall = time.perf_counter() - t0
-    tokens = sum(n for n, _ in res)
-    per_user = sum(n / dt for n, dt in res) / len(res)
-    return {"tok_s": tokens / wall, "tok_s_per_user": per_user, "tokens": tokens, "wall_s": wall}
+    tokens = sum(n for n, _, _ in res)
+    verify = [v for _, _, v in res if v]
+    out = {"tok_s": tokens / wall, "tok_s_per_user": sum(n / dt for n, dt, _ in res) / len(res),
+           "tokens": tokens, "requests": len(res), "wall_s": wall}
+    if verify:  # SGLang's accept length: output tokens per verify round (incl. the bonus token)
+        out["accept_len"] = sum(n for n, _, v in res if v) / sum(verify)
+    return out
+
+
+def plugin_state(srv: SGLangServer) -> dict:
+    try:
+        st = srv.server_info()["internal_states"][0]["dspark_info_record"]
+        return st.get("sglang_dspark", {}) or {}
+    except Exception:  # noqa: BLE001 - nospec has no DSpark record
+        return {}
+
+
+def merge(runs: list[dict]) -> dict:
+    """Several passes of one (config, level): pooled tokens over pooled wall time, plus the
+    per-pass figures (their spread is the run-to-run noise)."""
+    tokens, wall = sum(r["tokens"] for r in runs), sum(r["wall_s"] for r in runs)
+    out = {"tok_s": tokens / wall, "tok_s_per_user": sum(r["tok_s_per_user"] for r in runs) / len(runs),
+           "tokens": tokens, "wall_s": wall, "requests": sum(r["requests"] for r in runs),
+           "per_pass_tok_s": [r["tok_s"] for r in runs]}
+    for k in ("accept_len", "mean_budget_per_request", "mean_step_ms"):
+        vals = [r[k] for r in runs if r.get(k) is not None]
+        if vals:
+            out[k] = sum(vals) / len(vals)
+    return out
+
+
+def requests_for(level: int, target_tokens: int, max_new: int) -> int:
+    """At least two waves, and about ``target_tokens`` output tokens per level."""
+    return max(2 * level, level * math.ceil(target_tokens / (max_new * level)))
+
+
+def measure(srv: SGLangServer, name: str, levels: list[int], args, results: dict) -> None:
+    results.setdefault(name, {})
+    for lv in levels:
+        r = run_level(srv.url, lv, requests_for(lv, args.tokens_per_level, args.max_new_tokens),
+                      args.max_new_tokens, tag=name.replace("@", "_").replace(".", "_") + "_")
+        tel = plugin_state(srv).get("telemetry") or {}
+        r["mean_budget_per_request"] = tel.get("mean_budget_per_request")
+        r["mean_step_ms"] = tel.get("mean_step_ms")
+        results[name].setdefault(lv, []).append(r)
+        acc = f"{r['accept_len']:.2f}" if "accept_len" in r else "   -"
+        bud = r["mean_budget_per_request"]
+        print(f"{name:>12} c={lv:<3} {r['tok_s']:8.1f} tok/s {r['tok_s_per_user']:7.1f} tok/s/user  "
+              f"accept {acc}  budget/req {bud if bud is not None else '-'}", flush=True)
+
+
+def warm(srv: SGLangServer, levels: list[int], max_new: int) -> None:
+    for lv in levels:
+        run_level(srv.url, lv, lv, max_new, tag="warm_")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="artifacts/bench")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=str(HERE.parent / "artifacts" / "bench"))
     ap.add_argument("--levels", default="1,4,16,32")
-    ap.add_argument("--requests-per-user", type=int, default=2)
-    ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--configs", default="nospec,verify_all,upstream,online,controller")
-    ap.add_argument("--table", default="", help="SGLang SPS table for 'upstream' "
-                    "(default: measured now with benchmarks/measure_tiny_cpu_sps.py)")
+    ap.add_argument("--tokens-per-level", type=int, default=768,
+                    help="output tokens per measured level (at least two waves)")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--configs", default="nospec,verify_all,upstream,online,fixed,controller")
+    ap.add_argument("--table", default=str(HERE / "results" / "bench-upstream-sps-table.json"),
+                    help="SGLang SPS table for 'upstream' (made by benchmarks/upstream_table.py if missing)")
+    ap.add_argument("--passes", type=int, default=2,
+                    help="full passes over the configurations, alternating their order")
     ap.add_argument("--json", default="")
+    ap.add_argument("--png", default="")
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.levels.split(",")]
+    configs = args.configs.split(",")
+    unknown = set(configs) - {"nospec", "verify_all", "upstream", "online", "fixed", "controller"}
+    if unknown:
+        raise SystemExit(f"unknown configs {sorted(unknown)}")
     m = Path(args.models)
     ensure_pair(m, BENCH_SPEC)
     work = Path(tempfile.mkdtemp(prefix="dspark-bench-"))
-    table = args.table
-    configs = args.configs.split(",")
-    if "upstream" in configs and not table:
-        table = str(work / "table.json")
-        subprocess.run([sys.executable, str(Path(__file__).with_name("measure_tiny_cpu_sps.py")),
-                        "--models", str(m), "--out", table, "--concurrency", "1,2,4,8,16,32",
-                        "--spec", "bench"], check=True)
-    base_env = {"SGLANG_DSPARK_LOG_INTERVAL_S": "0"}
+    table = Path(args.table)
+    if "upstream" in configs and not table.is_file():
+        from upstream_table import make_table
+
+        print(f"[bench] {table} missing: running SGLang's dspark_sps_profiler (several minutes)", flush=True)
+        make_table(models=m, out=table, max_batch=max(levels), log_dir=work)
     maxrun = ["--max-running-requests", str(max(levels))]
-    ctrl = None
     results: dict = {}
+    plugin: dict = {}
+    meta = {"command": "python benchmarks/worker_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "date": time.strftime("%Y-%m-%d %H:%M"), "host": platform.node(), "cpus": os.cpu_count(),
+            "levels": levels, "max_new_tokens": args.max_new_tokens, "tokens_per_level": args.tokens_per_level,
+            "table": str(table), "load_avg_start": os.getloadavg()[0]}
+    ctrl = None
+    servers = [c for c in configs if c != "fixed"]
+    if "fixed" in configs and "online" not in servers:
+        servers.append("online")
+    # passes alternate the server order (A B C ... then ... C B A) so slow drift of a
+    # shared machine hits every configuration alike; each pass starts fresh servers
+    order = [(p, name) for p in range(args.passes)
+             for name in (servers if p % 2 == 0 else servers[::-1])]
+    raw: dict = {}
     try:
-        for name in configs:
-            env = dict(base_env)
+        for pass_no, name in order:
+            print(f"[bench] pass {pass_no + 1}/{args.passes}: {name}", flush=True)
+            # one sequential-head implementation for every DSPARK config (SGLang's), so the
+            # rows differ only in how the verify budget is chosen
+            env = {"SGLANG_DSPARK_LOG_INTERVAL_S": "0", "SGLANG_DSPARK_FUSED_SEQ_HEAD": "upstream"}
             draft = str(m / "draft")
             extra = list(maxrun)
             if name == "nospec":
@@ -91,33 +185,34 @@ def main(argv=None) -> int:
             elif name == "verify_all":
                 env["SGLANG_RAGGED_VERIFY_MODE"] = "static"
             elif name == "upstream":
-                env.update(SGLANG_RAGGED_VERIFY_MODE="compact", SGLANG_DSPARK_ONLINE="0",
-                           SGLANG_DSPARK_FUSED_SEQ_HEAD="upstream")
-                extra += ["--speculative-dspark-sps-table-path", table]
+                env.update(SGLANG_RAGGED_VERIFY_MODE="compact", SGLANG_DSPARK_ONLINE="0")
+                extra += ["--speculative-dspark-sps-table-path", str(table)]
             elif name == "online":
                 env["SGLANG_RAGGED_VERIFY_MODE"] = "compact"
             elif name == "controller":
-                port = free_port()
-                addr = f"tcp://127.0.0.1:{port}"
-                ctrl = subprocess.Popen([sys.executable, "-m", "dspark_controller", "serve",
-                                         "--bind", addr, "--no-persist", "--cli-bind",
-                                         f"ipc://{work}/cli", "--pub-bind", f"ipc://{work}/pub"])
+                addr = f"tcp://127.0.0.1:{free_port()}"
+                ctrl = subprocess.Popen([sys.executable, "-m", "dspark_controller", "serve", "--bind", addr,
+                                         "--no-persist", "--cli-bind", f"ipc://{work}/cli{pass_no}", "--pub-bind",
+                                         f"ipc://{work}/pub{pass_no}"], stdout=subprocess.DEVNULL,
+                                        stderr=open(work / "controller.log", "w"))
                 env.update(SGLANG_RAGGED_VERIFY_MODE="compact", SGLANG_DSPARK_CONTROLLER=addr)
-            else:
-                raise SystemExit(f"unknown config {name!r}")
-            srv = SGLangServer(model_path=str(m / "target"), draft_path=draft, env=env,
-                               extra_args=extra)
+            srv = SGLangServer(model_path=str(m / "target"), draft_path=draft, env=env, extra_args=extra,
+                               log_path=work / f"server-{name}-{pass_no}.log")
             with srv:
-                run_level(srv.url, 8, 2, args.max_new_tokens)  # warm-up (same for all)
-                results[name] = {}
-                for lv in levels:
-                    results[name][lv] = run_level(srv.url, lv, args.requests_per_user,
-                                                  args.max_new_tokens)
-                    print(f"{name:>10} c={lv:<3} {results[name][lv]['tok_s']:8.1f} tok/s  "
-                          f"{results[name][lv]['tok_s_per_user']:7.1f} tok/s/user", flush=True)
-                if draft:
-                    st = srv.server_info()["internal_states"][0]["dspark_info_record"]
-                    results[name]["plugin"] = st.get("sglang_dspark", {}).get("budget_sources")
+                warm(srv, levels, args.max_new_tokens)
+                if name != "online" or "online" in configs:
+                    measure(srv, name, levels, args, raw)
+                plugin.setdefault(name, []).append(plugin_state(srv))
+                if name == "online" and "fixed" in configs:
+                    for f in FIXED_FRACS:  # SGLang 0.5.23 cannot un-pin over HTTP: pinned runs go last
+                        r = http_json(srv.url + "/set_internal_state",
+                                      {"server_args": {"dspark_force_budget_frac": f}})
+                        ok = all(bool(x.get("updated")) if isinstance(x, dict) else bool(x)
+                                 for x in (r if isinstance(r, list) else [r]))
+                        if not ok:
+                            raise SystemExit(f"server refused dspark_force_budget_frac={f}: {r}")
+                        measure(srv, f"fixed@{f:g}", levels, args, raw)
+                    plugin.setdefault("fixed", []).append(plugin_state(srv))
             if ctrl is not None:
                 ctrl.terminate()
                 ctrl.wait(timeout=30)
@@ -125,19 +220,127 @@ def main(argv=None) -> int:
     finally:
         if ctrl is not None:
             ctrl.kill()
-    print("\nratios vs verify_all (output tok/s | tok/s per user), same run:")
-    print(f"{'config':>10} " + " ".join(f"{'c=' + str(lv):>15}" for lv in levels))
-    for name in configs:
+    meta["load_avg_end"] = os.getloadavg()[0]
+    meta["passes"] = args.passes
+    results = {name: {lv: merge(runs) for lv, runs in per.items()} for name, per in raw.items()}
+    plugin = {name: states[-1] for name, states in plugin.items()}
+    summary = summarize(results, plugin, levels)
+    report = {"meta": meta, "results": results, "plugin": plugin, "summary": summary}
+    print_report(report)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
+    if args.png:
+        plot(report, Path(args.png))
+    return 0
+
+
+def summarize(results: dict, plugin: dict, levels: list[int]) -> dict:
+    s: dict = {"targets": {}}
+    fixed = [k for k in results if k.startswith("fixed@")] + (["verify_all"] if "verify_all" in results else [])
+    best = {}
+    for lv in levels:
+        if fixed:
+            b = max(fixed, key=lambda k: results[k][lv]["tok_s"])
+            best[lv] = {"config": b, "tok_s": results[b][lv]["tok_s"]}
+    s["best_fixed"] = best
+    for ours in OURS:
+        if ours not in results:
+            continue
+        t = {}
+        for lv in levels:
+            mine = results[ours][lv]["tok_s"]
+            row = {}
+            for ref in ("verify_all", "upstream"):
+                if ref in results:
+                    row[f"vs_{ref}"] = mine / results[ref][lv]["tok_s"]
+            if lv in best:
+                row["vs_best_fixed"] = mine / best[lv]["tok_s"]
+            row["ok"] = (all(row.get(f"vs_{r}", 1.0) >= 1.0 for r in ("verify_all", "upstream"))
+                         and row.get("vs_best_fixed", 1.0) >= 0.98)
+            t[lv] = row
+        s["targets"][ours] = t
+    # host overhead per decode step: our planning + telemetry vs SGLang's planning call
+    up = (plugin.get("upstream") or {}).get("host_overhead") or {}
+    on = (plugin.get("online") or {}).get("host_overhead") or {}
+    step_ms = ((plugin.get("online") or {}).get("telemetry") or {}).get("mean_step_ms")
+    if up.get("plan_us_mean") is not None and on.get("plan_us_mean") is not None and step_ms:
+        ours_us = on["plan_us_mean"] + (on.get("telemetry_us_mean") or 0.0)
+        s["overhead"] = {"upstream_plan_us": up["plan_us_mean"], "ours_plan_us": on["plan_us_mean"],
+                         "ours_telemetry_us": on.get("telemetry_us_mean"),
+                         "extra_us_per_step": ours_us - up["plan_us_mean"], "mean_step_ms": step_ms,
+                         "extra_fraction_of_step": (ours_us - up["plan_us_mean"]) / (1000.0 * step_ms)}
+        s["overhead"]["ok"] = s["overhead"]["extra_fraction_of_step"] <= 0.02
+    return s
+
+
+def print_report(report: dict) -> None:
+    res, s = report["results"], report["summary"]
+    levels = report["meta"]["levels"]
+    base = "verify_all" if "verify_all" in res else next(iter(res))
+    print(f"\noutput tok/s ratio vs {base} | tok/s-per-user ratio | accept length, same run:")
+    print(f"{'config':>12} " + " ".join(f"{'c=' + str(lv):>20}" for lv in levels))
+    for name, row in res.items():
         cells = []
         for lv in levels:
-            if "verify_all" in results:
-                b = results["verify_all"][lv]
-                r = results[name][lv]
-                cells.append(f"{r['tok_s'] / b['tok_s']:6.2f}|{r['tok_s_per_user'] / b['tok_s_per_user']:5.2f}")
-        print(f"{name:>10} " + " ".join(f"{c:>15}" for c in cells))
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
-    return 0
+            r, b = row[lv], res[base][lv]
+            acc = f"{r['accept_len']:.2f}" if "accept_len" in r else "-"
+            cells.append(f"{r['tok_s'] / b['tok_s']:5.2f}|{r['tok_s_per_user'] / b['tok_s_per_user']:5.2f}|{acc:>5}")
+        print(f"{name:>12} " + " ".join(f"{c:>20}" for c in cells))
+    spread = [max(r["per_pass_tok_s"]) / min(r["per_pass_tok_s"]) - 1 for row in res.values()
+              for r in row.values() if len(r.get("per_pass_tok_s", [])) > 1]
+    if spread:
+        print(f"run-to-run noise: the passes of one (config, level) differ by {100 * np.median(spread):.1f}% "
+              f"(median), {100 * max(spread):.1f}% (max)")
+    for ours, t in s["targets"].items():
+        for lv, row in t.items():
+            parts = " ".join(f"{k}={v:.3f}" for k, v in row.items() if k != "ok")
+            bf = s["best_fixed"].get(lv, {}).get("config")
+            print(f"target {ours:>10} c={lv:<3} {parts} (best fixed: {bf}) -> {'OK' if row['ok'] else 'MISSED'}")
+    if "overhead" in s:
+        o = s["overhead"]
+        print(f"host overhead per step: ours {o['ours_plan_us']:.0f} us planning + {o['ours_telemetry_us']:.0f} us "
+              f"telemetry vs upstream planning {o['upstream_plan_us']:.0f} us; extra {o['extra_us_per_step']:.0f} us "
+              f"= {100 * o['extra_fraction_of_step']:.2f}% of a {o['mean_step_ms']:.1f} ms step -> "
+              f"{'OK' if o['ok'] else 'MISSED'}")
+
+
+def plot(report: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res, levels = report["results"], report["meta"]["levels"]
+    fig, ax = plt.subplots(1, 3, figsize=(17, 5))
+    style = {"nospec": ("k", "--"), "verify_all": ("tab:red", "-"), "upstream": ("tab:orange", "-"),
+             "online": ("tab:blue", "-"), "controller": ("tab:green", "-")}
+    for name, row in res.items():
+        c, ls = style.get(name, ("0.6", ":"))
+        lw = 2.5 if name in OURS else 1.3
+        xs = [row[lv]["tok_s"] for lv in levels]
+        ax[0].plot(levels, xs, ls, color=c, lw=lw, marker="o", label=name)
+        ax[1].plot(xs, [row[lv]["tok_s_per_user"] for lv in levels], ls, color=c, lw=lw, marker="o", label=name)
+        acc = [row[lv].get("accept_len") for lv in levels]
+        if all(a is not None for a in acc):
+            ax[2].plot(levels, acc, ls, color=c, lw=lw, marker="o", label=name)
+    ax[0].set(xscale="log", xlabel="concurrent requests", ylabel="output tokens/s", title="throughput")
+    ax[1].set(xlabel="output tokens/s (aggregate)", ylabel="tokens/s per user", yscale="log",
+              title="interactivity vs throughput")
+    ax[2].set(xscale="log", xlabel="concurrent requests", ylabel="output tokens per verify round",
+              title="SGLang accept length")
+    for a in ax:
+        a.set_xticks(levels) if a is not ax[1] else None
+        a.grid(alpha=0.3)
+    ax[0].set_xticklabels([str(lv) for lv in levels])
+    ax[2].set_xticklabels([str(lv) for lv in levels])
+    ax[1].legend(fontsize=8)
+    m = report["meta"]
+    fig.suptitle(f"bench tiny pair on {m['cpus']} CPUs, {m['date']} (CPU figures: only ratios mean anything)")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

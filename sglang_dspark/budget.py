@@ -30,7 +30,7 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -76,14 +76,99 @@ class BudgetConfig:
         return cls(**kw)
 
 
-def survival_to_confidences(survival: torch.Tensor) -> np.ndarray:
+def _host_array(survival) -> np.ndarray:
+    """float64 numpy view of a survival matrix (torch tensor on any device, or numpy)."""
+    if isinstance(survival, np.ndarray):
+        return survival.astype(np.float64, copy=False)
+    return survival.detach().to("cpu", torch.float64).numpy()
+
+
+def survival_to_confidences(survival) -> np.ndarray:
     """Per-position conditional confidences from cumulative survival rows."""
-    s = np.nan_to_num(survival.detach().to(torch.float64).cpu().numpy(), nan=0.0,
-                      posinf=1.0, neginf=0.0)
+    s = np.nan_to_num(_host_array(survival), nan=0.0, posinf=1.0, neginf=0.0)
     prev = np.concatenate([np.ones((s.shape[0], 1)), s[:, :-1]], axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         c = np.where(prev > 0, s / prev, 0.0)
     return np.clip(c, 0.0, 1.0)
+
+
+class SurvivalCalibrator:
+    """Online calibration of the planner's lagged survival against realised acceptance.
+
+    SGLang's planner predicts a request's prefix survival from confidences *two steps old*
+    (they must exist before the current draft tokens are sampled).  Those are often a poor
+    forecast of the current block: a request whose old block had a weak position gets a low
+    survival although its current block is usually accepted.  With a flat cost curve this
+    hardly matters (verify everything anyway); with a real marginal token cost it makes the
+    planner skip tokens that would have been accepted.
+
+    Per draft position k and per bin of predicted survival, we count how often the prefix
+    through k was actually accepted, among requests whose verify window reached k, and
+    replace the prediction by the bin's rate, shrunk towards the prediction with a pseudo
+    count (``prior_weight``); rows stay non-increasing along positions.  Counts are
+    exponentially forgotten (``half_life`` observations per cell).  Lossless: it only
+    changes how many tokens are verified, from outcomes of *earlier* steps.
+    """
+
+    def __init__(self, *, bins: int = 10, prior_weight: float = 8.0, half_life: float = 2000.0) -> None:
+        self.bins = int(bins)
+        self.prior_weight = float(prior_weight)
+        self.decay = 0.5 ** (1.0 / float(half_life))
+        self.n: Optional[np.ndarray] = None   # [gamma, bins] effective observations
+        self.a: Optional[np.ndarray] = None   # [gamma, bins] prefix accepted
+        self.observations = 0
+
+    def _ensure(self, gamma: int) -> None:
+        if self.n is None or self.n.shape[0] != gamma:
+            self.n = np.zeros((gamma, self.bins))
+            self.a = np.zeros((gamma, self.bins))
+
+    def _bin(self, s: np.ndarray) -> np.ndarray:
+        return np.clip((np.nan_to_num(s, nan=0.0) * self.bins).astype(np.int64), 0, self.bins - 1)
+
+    def apply(self, survival: np.ndarray) -> np.ndarray:
+        """Calibrated survival, same shape ``[R, gamma]``."""
+        s = np.clip(np.nan_to_num(np.asarray(survival, dtype=np.float64), nan=0.0), 0.0, 1.0)
+        if self.n is None or self.observations == 0 or s.shape[1] != self.n.shape[0]:
+            return s
+        b = self._bin(s)
+        k = np.broadcast_to(np.arange(s.shape[1]), s.shape)
+        n, a = self.n[k, b], self.a[k, b]
+        cal = (a + self.prior_weight * s) / (n + self.prior_weight)
+        return np.minimum.accumulate(np.clip(cal, 0.0, 1.0), axis=1)
+
+    def observe(self, survival: np.ndarray, accepted: Sequence[int], verified: Sequence[int]) -> None:
+        """``survival`` [R, gamma] as predicted for a step; per request the draft tokens that
+        step accepted and verified (prefix k is observed when ``verified > k``)."""
+        s = np.asarray(survival, dtype=np.float64)
+        if s.ndim != 2 or s.shape[0] != len(accepted) or len(accepted) != len(verified):
+            return
+        gamma = s.shape[1]
+        self._ensure(gamma)
+        acc = np.asarray(accepted, dtype=np.int64).reshape(-1, 1)
+        ver = np.asarray(verified, dtype=np.int64).reshape(-1, 1)
+        pos = np.arange(gamma).reshape(1, -1)
+        seen = ver > pos
+        if not seen.any():
+            return
+        cell = (pos * self.bins + self._bin(s))[seen]          # flat (position, bin) index
+        size = gamma * self.bins
+        self.n *= self.decay
+        self.a *= self.decay
+        self.n += np.bincount(cell, minlength=size).reshape(gamma, self.bins)
+        self.a += np.bincount(cell, weights=(acc > pos)[seen].astype(np.float64),
+                              minlength=size).reshape(gamma, self.bins)
+        self.observations += int(seen.sum())
+
+    def summary(self) -> dict:
+        if self.n is None:
+            return {"observations": 0}
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rate = np.where(self.n > 0.5, self.a / self.n, np.nan)
+        mids = (np.arange(self.bins) + 0.5) / self.bins
+        return {"observations": self.observations,
+                "mean_abs_gap": (None if np.isnan(rate).all()
+                                 else round(float(np.nanmean(np.abs(rate - mids[None, :]))), 4))}
 
 
 class BudgetBrain:
@@ -101,11 +186,12 @@ class BudgetBrain:
         self.last_source = "none"
         self._rng = random.Random(config.seed)
 
-    def _max_tokens(self, survival: torch.Tensor, max_len: int) -> int:
-        return int(survival[:, :max_len].numel())
+    def _max_tokens(self, survival, max_len: int) -> int:
+        return int(survival.shape[0]) * min(int(survival.shape[1]), int(max_len))
 
-    def decide(self, survival: torch.Tensor, *, max_len: int) -> Optional[VerifyBudgetDecision]:
-        if not self.enabled or survival.numel() == 0:
+    def decide(self, survival, *, max_len: int) -> Optional[VerifyBudgetDecision]:
+        """``survival``: [R, positions] lagged prefix survival (torch tensor or numpy array)."""
+        if not self.enabled or survival.shape[0] == 0 or survival.shape[1] == 0:
             return None
         num_req = int(survival.shape[0])
         full = self._max_tokens(survival, max_len)
@@ -172,9 +258,32 @@ class OnlineBudgetPlanner(HostConfidenceBudgetPlanner):
         self.brain = brain
         self.last_budget: Optional[int] = None
         self.last_decided_at = 0.0
+        self.plan_time_s = 0.0
+        self.plan_calls = 0
+        self.calibrator: Optional[SurvivalCalibrator] = SurvivalCalibrator() if brain.enabled else None
+        self.last_survival: Optional[np.ndarray] = None   # raw lagged survival of the last decision
+
+    def _calibrated(self, survival: torch.Tensor, max_len: int):
+        if self.calibrator is None or survival.numel() == 0:
+            return survival
+        raw = _host_array(survival[:, :max_len])
+        self.last_survival = raw
+        return self.calibrator.apply(raw)        # numpy: BudgetBrain.decide takes either
 
     def compute_budget(self, *, confidence, generation, current_generation,
                        req_pool_indices_cpu) -> int:
+        t0 = time.perf_counter()
+        budget = self._compute_budget(confidence=confidence, generation=generation,
+                                      current_generation=current_generation,
+                                      req_pool_indices_cpu=req_pool_indices_cpu)
+        # host time of the whole planning call (lag shift, survival, decision): the
+        # overhead the worker benchmark compares with SGLang's own table path
+        self.plan_time_s += time.perf_counter() - t0
+        self.plan_calls += 1
+        return budget
+
+    def _compute_budget(self, *, confidence, generation, current_generation,
+                        req_pool_indices_cpu) -> int:
         lagged_c, lagged_g = self._shift_to_lag(
             confidence=confidence, generation=generation,
             req_pool_indices_cpu=req_pool_indices_cpu)
@@ -188,7 +297,7 @@ class OnlineBudgetPlanner(HostConfidenceBudgetPlanner):
             self.brain._note("forced", decision)
         else:
             try:
-                decision = self.brain.decide(survival, max_len=max_len)
+                decision = self.brain.decide(self._calibrated(survival, max_len), max_len=max_len)
             except Exception:  # a planning bug must never fail requests
                 self.brain.errors += 1
                 if self.brain.errors <= 3 or self.brain.errors % 1000 == 0:

@@ -30,6 +30,8 @@ class StepRecord:
     predicted_step_s: Optional[float]
     step_time_s: float = 0.0
     timestamp: float = field(default_factory=time.time)
+    # the planner's raw lagged survival [R, gamma] for this step (local use only, never sent)
+    survival: Optional[object] = None
 
 
 class StepClock:

@@ -44,8 +44,12 @@ class DSparkControlledWorker(DSparkWorkerV2):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._dspark_ready = False
+        self._telemetry_time_s = 0.0
+        self._telemetry_calls = 0
         if not getattr(self, "_hosts_draft", False):
             return
+        from sglang_dspark.capture import install as install_capture  # SGLANG_DSPARK_CAPTURE
+        self._capture = install_capture(self)
         from sglang_dspark.budget import BudgetBrain, BudgetConfig, OnlineBudgetPlanner
         from sglang_dspark.link import ControllerLink, local_model_for
         from sglang_dspark.telemetry import StepClock, StepStats
@@ -94,7 +98,10 @@ class DSparkControlledWorker(DSparkWorkerV2):
             return super()._forward_decode(batch, on_publish, grammar_barrier)
         self._clock.start()
         result = super()._forward_decode(batch, on_publish, grammar_barrier)
+        t0 = time.perf_counter()
         self._after_step(batch, result)
+        self._telemetry_time_s += time.perf_counter() - t0
+        self._telemetry_calls += 1
         return result
 
     def _step_budget(self):
@@ -131,6 +138,9 @@ class DSparkControlledWorker(DSparkWorkerV2):
             rec.accepted_lens = self._host(getattr(result, "accept_lens", None))
             if self._compact:
                 rec.verify_lens = self._host(getattr(result, "cap_lens", None))
+                if budget is not None and self._online_planner is not None:
+                    rec.survival = self._online_planner.last_survival
+                    self._online_planner.last_survival = None
             for done in self._clock.stop(rec):
                 self._observe(done)
         except Exception:  # telemetry must never fail a request
@@ -148,6 +158,10 @@ class DSparkControlledWorker(DSparkWorkerV2):
             lens = rec.verify_lens.tolist()
             rec.verify_tokens = int(sum(lens))
             rec.verify_lens = [max(int(x) - 1, 0) for x in lens]
+        if (rec.survival is not None and rec.accepted_lens is not None and rec.verify_lens is not None
+                and self._online_planner is not None and self._online_planner.calibrator is not None):
+            self._online_planner.calibrator.observe(rec.survival, rec.accepted_lens, rec.verify_lens)
+        rec.survival = None
         model = self._local_model
         self._stats.add(rec, rec.predicted_step_s)
         if model is not None:
@@ -180,8 +194,24 @@ class DSparkControlledWorker(DSparkWorkerV2):
                     "heldout_error": model.heldout_error().to_dict() if model.steps else None,
                     "prior": model.prior_description},
                 "controller": None if self._link is None else self._link.state(),
+                "host_overhead": self._overhead(),
+                "survival_calibration": (None if self._online_planner is None
+                                         or self._online_planner.calibrator is None
+                                         else self._online_planner.calibrator.summary()),
             })
         return state
+
+    def _overhead(self) -> dict:
+        """Mean host time per decode step spent in our code: the budget planning call
+        (SGLang's lag shift + survival + our decision, or SGLang's table when online
+        planning is off) and the step telemetry (record, local model update, publish)."""
+        p = self._online_planner
+        plan_n = p.plan_calls if p is not None else 0
+        return {"plan_calls": plan_n,
+                "plan_us_mean": round(1e6 * p.plan_time_s / plan_n, 2) if plan_n else None,
+                "telemetry_calls": self._telemetry_calls,
+                "telemetry_us_mean": (round(1e6 * self._telemetry_time_s / self._telemetry_calls, 2)
+                                      if self._telemetry_calls else None)}
 
     def dump_info_records(self):
         dumped = super().dump_info_records() or {}

@@ -179,6 +179,12 @@ class Backend:
         return None if d is None else int(d.budget)
 
     def upstream_table(self, table: dict) -> Any:
+        if "bias_seconds" in table:  # SGLang's SpsAdditiveCostTable (what its profiler writes)
+            from sglang.srt.speculative.dspark_components.dspark_sps import SpsAdditiveCostTable
+
+            import json as _json
+
+            return SpsAdditiveCostTable.from_json(_json.dumps(table))
         if self.name == "worker":
             return self._table_cls(sample_batch_tokens=[int(x) for x in table["sample_batch_tokens"]],
                                    sample_steps_per_sec=[float(x) for x in table["sample_steps_per_sec"]],
@@ -193,6 +199,16 @@ class Backend:
             surv = self._torch.from_numpy(np.ascontiguousarray(survival, dtype=np.float32))
             return int(self._sglang_budget(history_survival_probs=surv, sps_table=table_obj, cfg=cfg).budget)
         conf = _survival_to_confidences(survival.astype(np.float32))
+        if hasattr(table_obj, "step_time"):  # additive table: SPS(B) at this step's R
+            R = int(conf.shape[0])
+
+            def sps(b: Any, _t=table_obj, _r=R) -> Any:
+                arr = np.atleast_1d(np.asarray(b, dtype=np.int64))
+                out = np.asarray([1.0 / max(_t.step_time(num_reqs=_r, budget=max(int(x) - _r, 0)), 1e-9)
+                                  for x in arr])
+                return out if np.ndim(b) else float(out[0])
+
+            return compute_lagged_budget(conf, sps).budget_tokens
         return compute_lagged_budget(conf, table_obj).budget_tokens
 
     # ---- live admission: global top-K of the live survival products

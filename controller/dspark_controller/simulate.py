@@ -767,9 +767,10 @@ def _upstream_table(sc: Scenario, cost: CostModel) -> dict:
     if spec == "cost-path":
         spec = sc.cost.get("path")
     data = json.loads(Path(str(spec)).read_text())
-    if "sample_batch_tokens" not in data:
+    if "sample_batch_tokens" not in data and "bias_seconds" not in data:
         raise ValueError(f"upstream table {spec}: SGLang's static planner needs an SpsCostTable "
-                         "('sample_batch_tokens'); use 'static-probe' to derive one")
+                         "('sample_batch_tokens') or SpsAdditiveCostTable ('bias_seconds'); "
+                         "use 'static-probe' to derive one")
     return data
 
 

@@ -1,0 +1,95 @@
+"""SGLang's own SPS table for the ``bench`` tiny pair, made by SGLang's own profiler.
+
+    python benchmarks/upstream_table.py [--out benchmarks/results/bench-upstream-sps-table.json]
+
+What the ``upstream`` row of ``benchmarks/worker_bench.py`` serves with: an
+``SpsAdditiveCostTable`` written by ``python -m sglang.benchmark.dspark_sps_profiler all``
+(SGLang 0.5.23) against the bench pair served in compact mode with per-step records.
+
+Two things upstream's profiler needs that the bench pair does not give it as shipped (both
+found by ``benchmarks/profiler_compare.py``, see docs/profiles.md):
+
+* the server must run with ``SGLANG_SIMULATE_ACC_LEN=1.0`` (its own guard), so this
+  script launches the profiling server that way;
+* it draws random prompt tokens from ``[1000, vocab - 1000)``; the tiny vocabulary has 512
+  tokens, so the module constants are moved into the vocabulary in-process (``SHIM`` in
+  profiler_compare.py; nothing else of upstream's profiler is changed).
+
+A ``.provenance.json`` beside the table records the command, date, wall time and host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from profiler_compare import SHIM, warm_up  # noqa: E402
+
+DEFAULT_OUT = HERE / "results" / "bench-upstream-sps-table.json"
+
+
+def make_table(*, models: Path, out: Path, max_batch: int = 32, log_dir: Path | None = None) -> dict:
+    from sglang.srt.speculative.dspark_components.dspark_sps import load_sps_table_from_path
+
+    from sglang_dspark.server_process import SGLangServer
+    from sglang_dspark.tiny_models import PRESETS, ensure_pair
+
+    ensure_pair(models, PRESETS["bench"])
+    if log_dir is None:
+        import tempfile
+
+        log_dir = Path(tempfile.mkdtemp(prefix="dspark-upstream-table-"))
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = {"SGLANG_RAGGED_VERIFY_MODE": "compact", "SGLANG_DSPARK_ENABLE_SPS_RECORD": "1",
+           "SGLANG_SIMULATE_ACC_LEN": "1.0"}
+    args = ["all", "--fracs", "0.25", "0.5", "0.75", "1.0", "--max-batch-size", str(max_batch), "--no-plot"]
+    srv = SGLangServer(model_path=str(models / "target"), draft_path=str(models / "draft"), env=env,
+                       extra_args=["--max-running-requests", str(max_batch)],
+                       log_path=log_dir / "upstream-table-server.log")
+    t0 = time.monotonic()
+    with srv:
+        warm_up(srv.url)
+        log = log_dir / "upstream-table-profiler.log"
+        with open(log, "w") as f:
+            p = subprocess.run([sys.executable, "-c", SHIM, *args, "--base-url", srv.url, "--out", str(out)],
+                               stdout=f, stderr=subprocess.STDOUT, cwd=str(ROOT), timeout=3600)
+        if p.returncode != 0 or not out.is_file():
+            raise SystemExit(f"SGLang's dspark_sps_profiler failed (rc={p.returncode}); see {log}")
+    wall = time.monotonic() - t0
+    records = out.with_suffix(".records.jsonl")
+    if records.is_file():  # raw per-step records (MBs): kept with the logs, not beside the table
+        records.replace(log_dir / records.name)
+    load_sps_table_from_path(str(out))  # SGLang's own loader must read it
+    prov = {"command": "python benchmarks/upstream_table.py " + " ".join(sys.argv[1:]),
+            "profiler": "python -m sglang.benchmark.dspark_sps_profiler " + " ".join(args),
+            "profiler_shim": "RANDOM_TOKEN_LOW=10, RANDOM_TOKEN_HIGH_MARGIN=10 (tiny vocabulary)",
+            "server_env": env, "models": str(models), "date": time.strftime("%Y-%m-%d %H:%M"),
+            "wall_s": round(wall, 1), "logs": str(log_dir), "host": platform.node(), "cpus": os.cpu_count()}
+    out.with_suffix(".provenance.json").write_text(json.dumps(prov, indent=2) + "\n")
+    return prov
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=str(ROOT / "artifacts" / "bench"))
+    ap.add_argument("--out", default=str(DEFAULT_OUT))
+    ap.add_argument("--max-batch-size", type=int, default=32)
+    args = ap.parse_args(argv)
+    prov = make_table(models=Path(args.models), out=Path(args.out), max_batch=args.max_batch_size)
+    print(json.dumps(prov, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

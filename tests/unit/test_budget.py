@@ -1,0 +1,77 @@
+"""BudgetBrain and the online survival calibration (no engine: plain arrays)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from sglang_dspark.budget import BudgetBrain, BudgetConfig, SurvivalCalibrator, survival_to_confidences
+
+
+def _rows(conf: list[list[float]]) -> np.ndarray:
+    return np.cumprod(np.asarray(conf, dtype=np.float64), axis=1)
+
+
+def test_calibrator_learns_that_low_lagged_survival_is_usually_accepted():
+    rng = np.random.default_rng(0)
+    cal = SurvivalCalibrator(bins=10, prior_weight=8.0, half_life=1e9)
+    # predicted survival ~0.05 at every position, but 90% of the blocks are fully accepted
+    for _ in range(400):
+        s = np.full((4, 3), 0.05)
+        acc = np.where(rng.random(4) < 0.9, 3, 0)
+        cal.observe(s, acc.tolist(), [3, 3, 3, 3])
+    out = cal.apply(np.full((2, 3), 0.05))
+    assert out.shape == (2, 3)
+    assert np.all(out > 0.8) and np.all(out < 0.97), out
+    # cells without data keep the prediction (shrinkage prior)
+    high = cal.apply(np.full((1, 3), 0.95))
+    assert np.allclose(high, 0.95)
+
+
+def test_calibrator_counts_only_verified_positions_and_keeps_rows_monotone():
+    cal = SurvivalCalibrator(bins=4, prior_weight=1.0, half_life=1e9)
+    s = _rows([[0.9, 0.9, 0.9]])
+    for _ in range(50):
+        cal.observe(s, [1], [1])   # budget stopped after position 0: positions 1, 2 unobserved
+    assert cal.n[0].sum() == pytest.approx(50) and cal.n[1:].sum() == 0
+    out = cal.apply(s)
+    assert np.all(np.diff(out, axis=1) <= 1e-12)
+    # mismatched shapes (request order changed) are ignored, never raise
+    cal.observe(s, [1, 2], [3, 3])
+    assert cal.n[0].sum() == pytest.approx(50)
+
+
+def test_calibrator_is_identity_before_any_observation_and_nan_safe():
+    cal = SurvivalCalibrator()
+    s = np.array([[0.3, np.nan, 0.1]])
+    out = cal.apply(s)
+    assert np.isfinite(out).all() and out[0, 0] == pytest.approx(0.3)
+
+
+class _FlatModel:
+    """Stand-in SPS model: step time = 20 ms + 1 ms per verified token."""
+    ready = True
+    steps = 10_000
+
+    def sps_function(self, num_req):
+        return lambda b: 1.0 / (0.020 + 0.001 * np.asarray(b, dtype=np.float64))
+
+
+def test_brain_takes_numpy_or_torch_and_agrees():
+    brain = BudgetBrain(local_model=_FlatModel(), config=BudgetConfig(explore_prob_young=0, explore_prob=0))
+    s = _rows([[0.9, 0.8, 0.2, 0.1], [0.5, 0.5, 0.5, 0.5], [0.99, 0.99, 0.99, 0.99]])
+    a = brain.decide(s, max_len=4)
+    b = brain.decide(torch.from_numpy(s.astype(np.float32)), max_len=4)
+    assert a.budget == b.budget and 0 < a.budget <= 12
+    assert brain.sources["local"] == 2
+    # calibrated-up survival can only raise the chosen budget on the same cost curve
+    low = brain.decide(_rows([[0.3] * 4] * 3), max_len=4).budget
+    high = brain.decide(_rows([[0.95] * 4] * 3), max_len=4).budget
+    assert high >= low
+
+
+def test_survival_to_confidences_inverts_cumprod():
+    conf = np.array([[0.9, 0.5, 0.8], [1.0, 0.2, 0.0]])
+    back = survival_to_confidences(np.cumprod(conf, axis=1))
+    assert np.allclose(back[0], conf[0]) and np.allclose(back[1, :2], conf[1, :2])
