@@ -65,18 +65,23 @@ def run_level(url: str, concurrency: int, n_requests: int, max_new: int, tag: st
         r = http_json(url + "/generate", {"text": p, "sampling_params": {
             "temperature": 0, "max_new_tokens": max_new, "ignore_eos": True}}, timeout=900)
         mi = r["meta_info"]
-        return mi["completion_tokens"], time.perf_counter() - t0, mi.get("spec_verify_ct")
+        cap = mi.get("spec_cap_length")  # verified tokens per round incl. the anchor (compact)
+        return (mi["completion_tokens"], time.perf_counter() - t0, mi.get("spec_verify_ct"),
+                None if cap is None else cap * (mi.get("spec_verify_ct") or 0))
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as ex:
         res = list(ex.map(one, prompts))
     wall = time.perf_counter() - t0
-    tokens = sum(n for n, _, _ in res)
-    verify = [v for _, _, v in res if v]
-    out = {"tok_s": tokens / wall, "tok_s_per_user": sum(n / dt for n, dt, _ in res) / len(res),
+    tokens = sum(x[0] for x in res)
+    verify = [x[2] for x in res if x[2]]
+    out = {"tok_s": tokens / wall, "tok_s_per_user": sum(x[0] / x[1] for x in res) / len(res),
            "tokens": tokens, "requests": len(res), "wall_s": wall}
     if verify:  # SGLang's accept length: output tokens per verify round (incl. the bonus token)
-        out["accept_len"] = sum(n for n, _, v in res if v) / sum(verify)
+        out["accept_len"] = sum(x[0] for x in res if x[2]) / sum(verify)
+        caps = [x for x in res if x[2] and x[3] is not None]
+        if caps:  # draft tokens verified per request per round (the realised budget)
+            out["verified_per_round"] = sum(x[3] for x in caps) / sum(x[2] for x in caps) - 1.0
     return out
 
 
@@ -95,7 +100,7 @@ def merge(runs: list[dict]) -> dict:
     out = {"tok_s": tokens / wall, "tok_s_per_user": sum(r["tok_s_per_user"] for r in runs) / len(runs),
            "tokens": tokens, "wall_s": wall, "requests": sum(r["requests"] for r in runs),
            "per_pass_tok_s": [r["tok_s"] for r in runs]}
-    for k in ("accept_len", "mean_budget_per_request", "mean_step_ms"):
+    for k in ("accept_len", "verified_per_round"):
         vals = [r[k] for r in runs if r.get(k) is not None]
         if vals:
             out[k] = sum(vals) / len(vals)
@@ -112,14 +117,11 @@ def measure(srv: SGLangServer, name: str, levels: list[int], args, results: dict
     for lv in levels:
         r = run_level(srv.url, lv, requests_for(lv, args.tokens_per_level, args.max_new_tokens),
                       args.max_new_tokens, tag=name.replace("@", "_").replace(".", "_") + "_")
-        tel = plugin_state(srv).get("telemetry") or {}
-        r["mean_budget_per_request"] = tel.get("mean_budget_per_request")
-        r["mean_step_ms"] = tel.get("mean_step_ms")
         results[name].setdefault(lv, []).append(r)
         acc = f"{r['accept_len']:.2f}" if "accept_len" in r else "   -"
-        bud = r["mean_budget_per_request"]
+        ver = f"{r['verified_per_round']:.2f}" if "verified_per_round" in r else "-"
         print(f"{name:>12} c={lv:<3} {r['tok_s']:8.1f} tok/s {r['tok_s_per_user']:7.1f} tok/s/user  "
-              f"accept {acc}  budget/req {bud if bud is not None else '-'}", flush=True)
+              f"accept {acc}  verified drafts/round {ver}", flush=True)
 
 
 def warm(srv: SGLangServer, levels: list[int], max_new: int) -> None:

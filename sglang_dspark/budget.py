@@ -219,9 +219,15 @@ class BudgetBrain:
             return VerifyBudgetDecision(budget=self._rng.randint(0, cap))
         if d.verify_all:
             return VerifyBudgetDecision(budget=full)
-        if d.budget_frac is not None:
+        mode = getattr(d.policy, "mode", None)
+        if d.budget_frac is not None and mode == "fixed":
             return VerifyBudgetDecision(budget=min(cap, int(float(d.budget_frac) * full)))
+        # the fleet's learned curve, planned here with this step's calibrated per-request
+        # survival (the controller's own K assumes every request has the engine's mean
+        # acceptance); its fraction only when no curve has arrived yet
         sps = d.sps_function(num_req)
+        if sps is None and d.budget_frac is not None:
+            return VerifyBudgetDecision(budget=min(cap, int(float(d.budget_frac) * full)))
         if sps is not None:
             out = self._argmax(survival, max_len, sps, sla_floor=getattr(d.policy, "floor_tok_s", None)
                                if getattr(d.policy, "mode", None) == "sla" else None)

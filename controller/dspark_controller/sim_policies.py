@@ -117,9 +117,11 @@ class PlannerBrain:
             return _Decision(self._rng.randint(0, cap))
         if d.verify_all:
             return _Decision(full)
-        if d.budget_frac is not None:
+        if d.budget_frac is not None and getattr(d.policy, "mode", None) == "fixed":
             return _Decision(min(cap, int(float(d.budget_frac) * full)))
-        sps = d.sps_function(num_req)
+        sps = d.sps_function(num_req)   # mirrors sglang_dspark.budget.BudgetBrain._from_controller
+        if sps is None and d.budget_frac is not None:
+            return _Decision(min(cap, int(float(d.budget_frac) * full)))
         if sps is not None:
             floor = (getattr(d.policy, "floor_tok_s", None) if getattr(d.policy, "mode", None) == "sla" else None)
             out = self._argmax(survival, max_len, sps, sla_floor=floor)
