@@ -20,7 +20,7 @@ plus the ``reqs`` debug dump), pins verify-budget fractions 1, 0.5 and 0 at conc
   length, per-request fixed latency and the no-speculation step time (from SGLang's decode
   log, ``--nospec``).
 
-``compare`` builds the matching scenario (same concurrency levels, two 48-token requests
+``compare`` builds the matching scenario (same concurrency levels, the benchmark's requests
 per user, warm-up pass, colocated prefill, ``--max-running-requests 32``), simulates every
 configuration present in the benchmark JSON (nospec, verify_all, upstream, online,
 controller) through the simulator's production-code policies, and prints/writes the
