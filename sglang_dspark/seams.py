@@ -98,6 +98,22 @@ def all_seams() -> list[Seam]:
         "SGLANG_DSPARK_FUSED_SEQ_HEAD: our fused sequential head (torch on CPU by default, "
         "SGLang's kernels on GPU by default)", cpu_only=False,
         hook=seq_head.fused_draft_markov_block))
+    # internals our subclasses and collaborators rely on (resolved at start-up like the hooks)
+    _planner = "sglang.srt.speculative.dspark_components.dspark_planner"
+    seams += [
+        Seam(f"{_planner}.HostConfidenceBudgetPlanner._shift_to_lag", "requires",
+             "OnlineBudgetPlanner keeps SGLang's lagged confidences (budget.py)", cpu_only=False),
+        Seam(f"{_planner}.HostConfidenceBudgetPlanner._two_steps_prior_survival", "requires",
+             "OnlineBudgetPlanner keeps SGLang's two-steps-prior survival (budget.py)", cpu_only=False),
+        Seam(f"{_planner}.compute_verify_token_budget", "requires",
+             "fallback to SGLang's static-table budget (budget.py)", cpu_only=False),
+        Seam("sglang.srt.speculative.dspark_components.dspark_observability.DsparkStepObservers"
+             ".observe_verify_step", "requires",
+             "SGLANG_DSPARK_CAPTURE wraps the worker's step observer (capture.py)", cpu_only=False),
+        Seam("sglang.srt.speculative.dspark_components.dspark_worker_v2.DSparkWorkerV2"
+             ".set_dspark_forced_budget_frac", "requires",
+             "the operator's forced fraction reaches our planner (budget.py)", cpu_only=False),
+    ]
     seams += cpu.seams()
     return seams
 
