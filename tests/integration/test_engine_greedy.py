@@ -109,3 +109,6 @@ def test_greedy_equivalence_with_budgets_changing_every_step(tiny_pair, sps_tabl
     assert sources.get("explore", 0) >= 10, sources
     budgets = [r["budget"] for r in rec["records"] if r.get("budget") is not None]
     assert len(set(budgets)) >= 4, budgets  # budgets really changed step to step
+    # steps whose random budget was the full one ran SGLang's uniform (static) verify path
+    # on CPU (SGLANG_DSPARK_FULL_BUDGET_STATIC=auto), the others a ragged layout: both equal
+    assert rec["sglang_dspark"]["full_budget_static_steps"] >= 1, rec["sglang_dspark"]
