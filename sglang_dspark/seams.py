@@ -110,6 +110,9 @@ def all_seams() -> list[Seam]:
         Seam("sglang.srt.speculative.dspark_components.dspark_observability.DsparkStepObservers"
              ".observe_verify_step", "requires",
              "SGLANG_DSPARK_CAPTURE wraps the worker's step observer (capture.py)", cpu_only=False),
+        Seam(f"{_planner}.DSparkVerifyPlanner.schedule_layout", "requires",
+             "SGLANG_DSPARK_FULL_BUDGET_STATIC wraps it per worker instance: a full-budget step "
+             "gets no ragged layout, i.e. SGLang's uniform verify path (worker.py)", cpu_only=False),
         Seam("sglang.srt.speculative.dspark_components.dspark_worker_v2.DSparkWorkerV2"
              ".set_dspark_forced_budget_frac", "requires",
              "the operator's forced fraction reaches our planner (budget.py)", cpu_only=False),
