@@ -21,6 +21,8 @@ per user and SGLang's accept length at each concurrency level (closed loop, gree
               fraction f of all draft tokens (SGLang's dspark_force_budget_frac); the best
               of these and verify_all is the "best fixed budget" at each level
   controller  ours: DSPARK compact, NO table, our controller process (throughput policy)
+  online_ragged  (ablation, not in the default set) ``online`` with
+              SGLANG_DSPARK_FULL_BUDGET_STATIC=0: full-budget steps keep a ragged layout
 
 Every server first gets the same warm-up ramp (one wave at each level; the online
 configurations learn during it, as they would in production).  At the end the script
@@ -146,7 +148,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.levels.split(",")]
     configs = args.configs.split(",")
-    unknown = set(configs) - {"nospec", "verify_all", "upstream", "online", "fixed", "controller"}
+    unknown = set(configs) - {"nospec", "verify_all", "upstream", "online", "online_ragged", "fixed", "controller"}
     if unknown:
         raise SystemExit(f"unknown configs {sorted(unknown)}")
     m = Path(args.models)
@@ -191,6 +193,8 @@ def main(argv=None) -> int:
                 extra += ["--speculative-dspark-sps-table-path", str(table)]
             elif name == "online":
                 env["SGLANG_RAGGED_VERIFY_MODE"] = "compact"
+            elif name == "online_ragged":  # ablation: full-budget steps keep the ragged layout
+                env.update(SGLANG_RAGGED_VERIFY_MODE="compact", SGLANG_DSPARK_FULL_BUDGET_STATIC="0")
             elif name == "controller":
                 addr = f"tcp://127.0.0.1:{free_port()}"
                 ctrl = subprocess.Popen([sys.executable, "-m", "dspark_controller", "serve", "--bind", addr,

@@ -13,7 +13,8 @@ step appends one JSON line to ``FILE``::
 Alignment: the row is taken from SGLang's own per-step observer call
 (``DsparkStepObservers.observe_verify_step``), which receives the block's
 confidences (``proposal.confidence_raw``) and *that same block's* verification
-result (``accept.correct_len``) from one ``_forward_decode``.  The draft of a block
+result (``accept.correct_len``) from one ``_forward_decode``.  SGLang builds no
+confidence head in ``static`` verify mode; there ``conf_raw`` / ``conf`` are null.  The draft of a block
 and its verification happen in the same step in ``DSparkWorkerV2``; the planner's
 lag (budgets from confidences of earlier steps) does not affect this pairing, and
 overlap scheduling only changes when the step runs, not what it pairs.
@@ -67,6 +68,7 @@ class StepCapture:
         self.errors = 0
         self.enabled = True
         self._fh = None
+        self._warned_missing = False
         self._lock = threading.Lock()
 
     def observe(self, kw: dict) -> None:
@@ -83,9 +85,19 @@ class StepCapture:
     def _observe(self, kw: dict) -> None:
         raw = kw.get("confidence_raw")
         correct = kw.get("correct_len")
-        if raw is None or correct is None:
-            return  # no confidence head, or nothing verified
-        bs = int(kw.get("bs") or raw.shape[0])
+        if correct is None:
+            if not self._warned_missing:
+                self._warned_missing = True
+                logger.warning("sglang-dspark capture: a step without accept lengths; such "
+                               "steps are not captured")
+            return
+        if raw is None and not self._warned_missing:
+            # SGLang builds no confidence head in static mode: rounds only
+            self._warned_missing = True
+            logger.warning("sglang-dspark capture: no confidences (static verify mode builds "
+                           "no confidence head); capturing accept lengths only")
+        ref = raw if raw is not None else correct
+        bs = int(kw.get("bs") or ref.shape[0])
         gamma = self.gamma
         layout = kw.get("layout")
         verify_lens = getattr(layout, "verify_lens", None) if layout is not None else None
@@ -102,7 +114,8 @@ class StepCapture:
             "temps": temps,
             "conf_raw": _rows(raw, bs),
             "conf": _rows(kw.get("confidence"), bs),
-            "accepted": _ints(correct, bs),
+            # positions past a cap were not verified: never count them accepted
+            "accepted": [min(a, v) for a, v in zip(_ints(correct, bs), verified)],
             "verified": verified,
         }
         line = json.dumps(rec, separators=(",", ":")) + "\n"
