@@ -1,0 +1,5 @@
+import sys
+
+from sglang_dspark.calibrate.cli import main
+
+sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from sglang_dspark.evaluate.cli import main
+
+sys.exit(main())
