@@ -142,7 +142,10 @@ class DSparkControlledWorker(DSparkWorkerV2):
             # commit lens include the bonus token; cap lens include the anchor.  On GPU
             # the copies are queued before the step's end event and read once it fired.
             rec.accepted_lens = self._host(getattr(result, "accept_lens", None))
-            if self._compact:
+            layout_hook = getattr(self._verify_planner, "schedule_layout", None)
+            if isinstance(layout_hook, _FullBudgetStatic) and layout_hook.last_static:
+                pass  # uniform path: every draft verified (cap lens are not per-request here)
+            elif self._compact:
                 rec.verify_lens = self._host(getattr(result, "cap_lens", None))
                 if budget is not None and self._online_planner is not None:
                     rec.survival = self._online_planner.last_survival
@@ -232,13 +235,14 @@ def _full_budget_static_default(device) -> bool:
     """``SGLANG_DSPARK_FULL_BUDGET_STATIC``: 1 | 0 | auto (default: on for CPU only)."""
     import torch
 
-    v = os.environ.get("SGLANG_DSPARK_FULL_BUDGET_STATIC", "auto").strip().lower()
+    v = os.environ.get("SGLANG_DSPARK_FULL_BUDGET_STATIC", "0").strip().lower()
     if v in ("1", "true", "on"):
         return True
     if v in ("0", "false", "off"):
         return False
     if v != "auto":
         raise ValueError(f"SGLANG_DSPARK_FULL_BUDGET_STATIC must be 1, 0 or auto, got {v!r}")
+    # experimental: off by default until a benchmark shows a gain (docs/worker.md)
     return torch.device(device).type == "cpu"
 
 
@@ -253,14 +257,17 @@ class _FullBudgetStatic:
         self.inner = inner
         self.gamma = int(gamma)
         self.static_steps = 0
+        self.last_static = False
 
     def __call__(self, **kw):
+        self.last_static = False
         budget = kw.get("budget")
         rows = kw.get("req_pool_indices")
         if (budget is not None and rows is not None and kw.get("dp_tier_num_tokens") is None
                 and kw.get("global_num_reqs") in (None, int(rows.shape[0]))
                 and int(budget) >= int(rows.shape[0]) * self.gamma):
             self.static_steps += 1
+            self.last_static = True
             return None
         return self.inner(**kw)
 

@@ -100,7 +100,7 @@ def test_greedy_equivalence_with_budgets_changing_every_step(tiny_pair, sps_tabl
                        speculative_draft_model_path=tiny_pair["draft"])
     job = {"engine": kw, "server_info": True,
            "env": {"SGLANG_RAGGED_VERIFY_MODE": "compact", "SGLANG_DSPARK_EXPLORE_PROB": "1",
-                   "SGLANG_DSPARK_ENABLE_SPS_RECORD": "1"},
+                   "SGLANG_DSPARK_ENABLE_SPS_RECORD": "1", "SGLANG_DSPARK_FULL_BUDGET_STATIC": "1"},
            "batches": [{"prompts": PROMPTS, "sampling": _sampling()}]}
     spec = run_engine_job(job, tmp_path_factory.mktemp("job"))
     assert _ids(spec) == _ids(base)
@@ -110,5 +110,5 @@ def test_greedy_equivalence_with_budgets_changing_every_step(tiny_pair, sps_tabl
     budgets = [r["budget"] for r in rec["records"] if r.get("budget") is not None]
     assert len(set(budgets)) >= 4, budgets  # budgets really changed step to step
     # steps whose random budget was the full one ran SGLang's uniform (static) verify path
-    # on CPU (SGLANG_DSPARK_FULL_BUDGET_STATIC=auto), the others a ragged layout: both equal
+    # (SGLANG_DSPARK_FULL_BUDGET_STATIC=1), the others a ragged layout: both equal
     assert rec["sglang_dspark"]["full_budget_static_steps"] >= 1, rec["sglang_dspark"]
