@@ -40,7 +40,8 @@ from sglang.srt.speculative.dspark_components.dspark_planner import (
     compute_verify_token_budget,
 )
 
-from dspark_controller.planner import compute_lagged_budget
+from dspark_controller.planner import budget_from_controller, compute_lagged_budget, exploration_probability
+from dspark_controller.planner import survival_to_confidences as _survival_to_confidences
 
 logger = logging.getLogger(__name__)
 
@@ -84,12 +85,8 @@ def _host_array(survival) -> np.ndarray:
 
 
 def survival_to_confidences(survival) -> np.ndarray:
-    """Per-position conditional confidences from cumulative survival rows."""
-    s = np.nan_to_num(_host_array(survival), nan=0.0, posinf=1.0, neginf=0.0)
-    prev = np.concatenate([np.ones((s.shape[0], 1)), s[:, :-1]], axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        c = np.where(prev > 0, s / prev, 0.0)
-    return np.clip(c, 0.0, 1.0)
+    """Per-position conditional confidences from cumulative survival rows (torch or numpy)."""
+    return _survival_to_confidences(_host_array(survival))
 
 
 class SurvivalCalibrator:
@@ -203,8 +200,7 @@ class BudgetBrain:
         model = self.local_model
         if model is None:
             return None
-        p = (self.config.explore_prob_young if model.steps < self.config.young_steps
-             else self.config.explore_prob if model.steps < self.config.explore_until_steps else 0.0)
+        p = exploration_probability(self.config, model.steps)
         if p > 0 and self._rng.random() < p:
             k = self._rng.randint(0, full)
             return self._note("explore", VerifyBudgetDecision(budget=k))
@@ -214,29 +210,16 @@ class BudgetBrain:
         return self._note("local", self._argmax(survival, max_len, sps))
 
     def _from_controller(self, d, survival, max_len, num_req, full):
-        cap = full if d.max_budget_tokens is None else min(full, int(d.max_budget_tokens))
-        if d.explore_prob and self._rng.random() < float(d.explore_prob):
-            return VerifyBudgetDecision(budget=self._rng.randint(0, cap))
-        if d.verify_all:
-            return VerifyBudgetDecision(budget=full)
-        mode = getattr(d.policy, "mode", None)
-        if d.budget_frac is not None and mode == "fixed":
-            return VerifyBudgetDecision(budget=min(cap, int(float(d.budget_frac) * full)))
-        # the fleet's learned curve, planned here with this step's calibrated per-request
-        # survival (the controller's own K assumes every request has the engine's mean
-        # acceptance); its fraction only when no curve has arrived yet
-        sps = d.sps_function(num_req)
-        if sps is None and d.budget_frac is not None:
-            return VerifyBudgetDecision(budget=min(cap, int(float(d.budget_frac) * full)))
-        if sps is not None:
-            out = self._argmax(survival, max_len, sps, sla_floor=getattr(d.policy, "floor_tok_s", None)
-                               if getattr(d.policy, "mode", None) == "sla" else None)
-            return VerifyBudgetDecision(budget=min(cap, out.budget),
-                                        predicted_step_seconds=out.predicted_step_seconds,
-                                        predicted_theta=out.predicted_theta)
-        if d.budget_tokens is not None and int(d.num_requests) == num_req:
-            return VerifyBudgetDecision(budget=min(cap, int(d.budget_tokens)))
-        return None
+        # the fleet's learned curve is planned here with this step's calibrated survival
+        r = budget_from_controller(d, num_req=num_req, full=full, rng=self._rng,
+                                   plan=lambda sps, floor: self._argmax(survival, max_len, sps, sla_floor=floor))
+        if r is None:
+            return None
+        k, planned = r
+        if planned is None:
+            return VerifyBudgetDecision(budget=k)
+        return VerifyBudgetDecision(budget=k, predicted_step_seconds=planned.predicted_step_seconds,
+                                    predicted_theta=planned.predicted_theta)
 
     @staticmethod
     def _argmax(survival, max_len, sps, sla_floor=None) -> VerifyBudgetDecision:

@@ -45,7 +45,8 @@ import numpy as np
 __all__ = [
     "PlanError", "PlanPolicy", "Plan", "LaggedBudget", "survival_products", "sps_from_pairs",
     "plan_exact", "plan_lagged", "compute_lagged_budget", "plan", "plan_fixed_fraction",
-    "plan_verify_all", "expected_throughput",
+    "plan_verify_all", "expected_throughput", "survival_to_confidences", "exploration_probability",
+    "budget_from_controller",
 ]
 
 SpsFn = Callable[[Any], Any]
@@ -511,6 +512,56 @@ def plan_lagged(confidences: Any, sps: SpsFn, *, lagged_confidences: Any = None,
     _, sps_at = _sps_cached(sps, R, 0)
     return _finish(surv=surv, lengths=lengths, sps_vals_at=sps_at, algorithm="lagged",
                    policy=policy, explanation=expl, sla_floor=sla_floor)
+
+
+# ------------------------------------------------------------------ worker-side budget rules
+# Shared by the worker (sglang_dspark.budget.BudgetBrain) and the simulator's SGLang-free
+# brain (sim_policies.PlannerBrain), so both take the same decisions by construction.
+def survival_to_confidences(survival: Any) -> np.ndarray:
+    """Per-position conditional confidences from cumulative survival rows ``[R, positions]``."""
+    s = np.nan_to_num(np.asarray(survival, dtype=np.float64), nan=0.0, posinf=1.0, neginf=0.0)
+    prev = np.concatenate([np.ones((s.shape[0], 1)), s[:, :-1]], axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c = np.where(prev > 0, s / prev, 0.0)
+    return np.clip(c, 0.0, 1.0)
+
+
+def exploration_probability(config: Any, steps: int) -> float:
+    """The local model's exploration schedule: ``explore_prob_young`` while it has seen fewer
+    than ``young_steps`` steps, then ``explore_prob`` until ``explore_until_steps``, then 0."""
+    if steps < config.young_steps:
+        return float(config.explore_prob_young)
+    return float(config.explore_prob) if steps < config.explore_until_steps else 0.0
+
+
+def budget_from_controller(d: Any, *, num_req: int, full: int, rng: Any,
+                           plan: Callable[[SpsFn, Optional[float]], Any]) -> Optional[tuple[int, Any]]:
+    """K from a fresh controller decision ``d``, or None when it says nothing for this batch.
+
+    Order: exploration coin, verify-all, a ``fixed`` policy's fraction, the controller's
+    learned curve planned here with this step's per-request survival (``plan(sps,
+    sla_floor)``, whose result is returned beside K), the controller's fraction while no
+    curve has arrived, its K if it was computed for this batch size. ``max_budget_tokens``
+    caps everything but verify-all.
+    """
+    cap = full if d.max_budget_tokens is None else min(full, int(d.max_budget_tokens))
+    if d.explore_prob and rng.random() < float(d.explore_prob):
+        return rng.randint(0, cap), None
+    if d.verify_all:
+        return full, None
+    mode = getattr(d.policy, "mode", None)
+    if d.budget_frac is not None and mode == "fixed":
+        return min(cap, int(float(d.budget_frac) * full)), None
+    # the controller's own K assumes every request has the engine's mean acceptance
+    sps = d.sps_function(num_req)
+    if sps is None and d.budget_frac is not None:
+        return min(cap, int(float(d.budget_frac) * full)), None
+    if sps is not None:
+        out = plan(sps, getattr(d.policy, "floor_tok_s", None) if mode == "sla" else None)
+        return min(cap, int(out.budget)), out
+    if d.budget_tokens is not None and int(d.num_requests) == num_req:
+        return min(cap, int(d.budget_tokens)), None
+    return None
 
 
 # ------------------------------------------------------------------ overrides

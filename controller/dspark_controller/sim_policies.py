@@ -38,7 +38,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .planner import compute_lagged_budget, plan_lagged, sps_from_pairs
+from .planner import (budget_from_controller, compute_lagged_budget, exploration_probability, plan_lagged,
+                      sps_from_pairs, survival_to_confidences)
 
 __all__ = ["Backend", "PlannerBrain", "make_policy", "POLICY_NAMES", "BrainConfig", "SimController",
            "resolve_backend"]
@@ -68,15 +69,6 @@ class _Decision:
         self.budget = int(budget)
 
 
-def _survival_to_confidences(survival: np.ndarray) -> np.ndarray:
-    """numpy transcription of ``sglang_dspark.budget.survival_to_confidences``."""
-    s = np.nan_to_num(np.asarray(survival, dtype=np.float64), nan=0.0, posinf=1.0, neginf=0.0)
-    prev = np.concatenate([np.ones((s.shape[0], 1)), s[:, :-1]], axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        c = np.where(prev > 0, s / prev, 0.0)
-    return np.clip(c, 0.0, 1.0)
-
-
 class PlannerBrain:
     """``BudgetBrain.decide`` without SGLang (same branches, same RNG calls, same planner)."""
 
@@ -102,8 +94,7 @@ class PlannerBrain:
         model = self.local_model
         if model is None:
             return None
-        p = (self.config.explore_prob_young if model.steps < self.config.young_steps
-             else self.config.explore_prob if model.steps < self.config.explore_until_steps else 0.0)
+        p = exploration_probability(self.config, model.steps)
         if p > 0 and self._rng.random() < p:
             k = self._rng.randint(0, full)
             return self._note("explore", _Decision(k))
@@ -112,27 +103,13 @@ class PlannerBrain:
         return self._note("local", self._argmax(survival, max_len, model.sps_function(num_req)))
 
     def _from_controller(self, d: Any, survival: np.ndarray, max_len: int, num_req: int, full: int):
-        cap = full if d.max_budget_tokens is None else min(full, int(d.max_budget_tokens))
-        if d.explore_prob and self._rng.random() < float(d.explore_prob):
-            return _Decision(self._rng.randint(0, cap))
-        if d.verify_all:
-            return _Decision(full)
-        if d.budget_frac is not None and getattr(d.policy, "mode", None) == "fixed":
-            return _Decision(min(cap, int(float(d.budget_frac) * full)))
-        sps = d.sps_function(num_req)   # mirrors sglang_dspark.budget.BudgetBrain._from_controller
-        if sps is None and d.budget_frac is not None:
-            return _Decision(min(cap, int(float(d.budget_frac) * full)))
-        if sps is not None:
-            floor = (getattr(d.policy, "floor_tok_s", None) if getattr(d.policy, "mode", None) == "sla" else None)
-            out = self._argmax(survival, max_len, sps, sla_floor=floor)
-            return _Decision(min(cap, out.budget))
-        if d.budget_tokens is not None and int(d.num_requests) == num_req:
-            return _Decision(min(cap, int(d.budget_tokens)))
-        return None
+        r = budget_from_controller(d, num_req=num_req, full=full, rng=self._rng,
+                                   plan=lambda sps, floor: self._argmax(survival, max_len, sps, sla_floor=floor))
+        return None if r is None else _Decision(r[0])
 
     @staticmethod
     def _argmax(survival: np.ndarray, max_len: int, sps: Any, sla_floor: Optional[float] = None) -> _Decision:
-        conf = _survival_to_confidences(survival[:, :max_len])
+        conf = survival_to_confidences(survival[:, :max_len])
         return _Decision(compute_lagged_budget(conf, sps, sla_floor=sla_floor).budget_tokens)
 
     def _note(self, source: str, d: _Decision) -> _Decision:
@@ -200,7 +177,7 @@ class Backend:
             cfg = self._cfg_cls(gamma=gamma)
             surv = self._torch.from_numpy(np.ascontiguousarray(survival, dtype=np.float32))
             return int(self._sglang_budget(history_survival_probs=surv, sps_table=table_obj, cfg=cfg).budget)
-        conf = _survival_to_confidences(survival.astype(np.float32))
+        conf = survival_to_confidences(survival.astype(np.float32))
         if hasattr(table_obj, "step_time"):  # additive table: SPS(B) at this step's R
             R = int(conf.shape[0])
 
@@ -435,7 +412,7 @@ class OraclePolicy(Policy):
     name = "oracle"
 
     def budget(self, *, now, R, gamma, lagged_survival, true_sps):
-        conf = _survival_to_confidences(lagged_survival)
+        conf = survival_to_confidences(lagged_survival)
         return compute_lagged_budget(conf, true_sps).budget_tokens
 
 
