@@ -82,12 +82,12 @@ class DSparkControlledWorker(DSparkWorkerV2):
             planner._budget_planner = self._online_planner
             if online:
                 planner._is_verify_all = False
-        self._full_budget_static = False
-        if self._online_planner is not None and planner.is_compact_mode and online:
-            self._full_budget_static = _full_budget_static_default(self.device)
-            if self._full_budget_static:
-                planner.schedule_layout = _FullBudgetStatic(
-                    planner.schedule_layout, gamma=int(self.verify_num_draft_tokens) - 1)
+        self._full_budget_layout = None   # the schedule_layout wrapper, when installed
+        if (self._online_planner is not None and planner.is_compact_mode and online
+                and _full_budget_static_default(self.device)):
+            self._full_budget_layout = _FullBudgetStatic(
+                planner.schedule_layout, gamma=int(self.verify_num_draft_tokens) - 1)
+            planner.schedule_layout = self._full_budget_layout
         from sglang_dspark.metrics import worker_metrics
 
         self._metrics = worker_metrics(sa)
@@ -142,10 +142,9 @@ class DSparkControlledWorker(DSparkWorkerV2):
             # commit lens include the bonus token; cap lens include the anchor.  On GPU
             # the copies are queued before the step's end event and read once it fired.
             rec.accepted_lens = self._host(getattr(result, "accept_lens", None))
-            layout_hook = getattr(self._verify_planner, "schedule_layout", None)
-            if isinstance(layout_hook, _FullBudgetStatic) and layout_hook.last_static:
-                pass  # uniform path: every draft verified (cap lens are not per-request here)
-            elif self._compact:
+            uniform = self._full_budget_layout is not None and self._full_budget_layout.last_static
+            # on the uniform path every draft is verified (cap lens are not per-request there)
+            if self._compact and not uniform:
                 rec.verify_lens = self._host(getattr(result, "cap_lens", None))
                 if budget is not None and self._online_planner is not None:
                     rec.survival = self._online_planner.last_survival
@@ -204,9 +203,8 @@ class DSparkControlledWorker(DSparkWorkerV2):
                     "prior": model.prior_description},
                 "controller": None if self._link is None else self._link.state(),
                 "host_overhead": self._overhead(),
-                "full_budget_static_steps": (planner_layout.static_steps if isinstance(
-                    planner_layout := getattr(self._verify_planner, "schedule_layout", None),
-                    _FullBudgetStatic) else None),
+                "full_budget_static_steps": (None if self._full_budget_layout is None
+                                             else self._full_budget_layout.static_steps),
                 "survival_calibration": (None if self._online_planner is None
                                          or self._online_planner.calibrator is None
                                          else self._online_planner.calibrator.summary()),
