@@ -1,12 +1,17 @@
-"""`make demo`: DSPARK on CPU, end to end, with the tiny local models.
+"""`make demo`: DSPARK on CPU, end to end, with a tiny local model pair.
 
-1. builds (or reuses) the tiny target + DSpark draft in ``artifacts/tiny``;
+1. uses the committed trained pair ``models/tiny-stdlib`` (a tiny Qwen3 trained on
+   standard-library code and its DSpark drafter, ``python -m sglang_dspark.train
+   tiny-pair``); ``--constructed`` builds the hand-constructed pair of
+   ``sglang_dspark.tiny_models`` in ``artifacts/tiny`` instead;
 2. launches ``python -m sglang.launch_server --speculative-algorithm DSPARK
-   --device cpu`` in compact ragged-verify mode with the measured CPU SPS table
-   from ``profiles/``;
+   --device cpu`` in compact ragged-verify mode. With no ``--sps-table`` our worker
+   schedules verify budgets from its own online SPS profile (no offline profiling);
+   ``--sps-table FILE`` gives SGLang a static table as well (the constructed pair uses
+   the measured ``profiles/tiny-cpu-2core`` table);
 3. runs the SGLang frontend program ``examples/frontend_program.py`` with several
    concurrent requests;
-4. prints the outputs, SGLang's accept length and the verify budgets SGLang chose,
+4. prints the outputs, SGLang's accept length and the verify budgets chosen,
    then shuts the server down.
 """
 
@@ -22,7 +27,8 @@ from sglang_dspark.server_process import SGLangServer
 from sglang_dspark.tiny_models import TinySpec, ensure_pair
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_TABLE = ROOT / "profiles" / "tiny-cpu-2core.sglang-sps-table.json"
+DEFAULT_TABLE = ROOT / "profiles" / "tiny-cpu-2core.sglang-sps-table.json"   # constructed pair
+TRAINED = ROOT / "models" / "tiny-stdlib"
 
 
 def _load_example():
@@ -58,18 +64,37 @@ def summarize(info: dict) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sglang_dspark.demo")
-    ap.add_argument("--models", default=str(ROOT / "artifacts" / "tiny"))
-    ap.add_argument("--sps-table", default=str(DEFAULT_TABLE))
+    ap.add_argument("--models", default=None,
+                    help="a directory with target/ and draft/ (default: models/tiny-stdlib, or "
+                         "artifacts/tiny with --constructed)")
+    ap.add_argument("--constructed", action="store_true",
+                    help="the hand-constructed pair of sglang_dspark.tiny_models (built if missing)")
+    ap.add_argument("--sps-table", default=None,
+                    help="an SGLang SPS table for the server (default: none, our online profile; "
+                         "with --constructed: profiles/tiny-cpu-2core.sglang-sps-table.json)")
     ap.add_argument("--mode", default="compact", choices=["static", "cap-accept", "compact"])
     args = ap.parse_args(argv)
 
-    print(f"[demo] building tiny models in {args.models} (no downloads)...", flush=True)
-    manifest = ensure_pair(Path(args.models), TinySpec())
-    print(f"[demo] draft Markov rows correct: {manifest['draft_row_accuracy']:.0%}", flush=True)
+    if args.constructed:
+        models = Path(args.models or ROOT / "artifacts" / "tiny")
+        print(f"[demo] building the constructed tiny models in {models} (no downloads)...", flush=True)
+        manifest = ensure_pair(models, TinySpec())
+        print(f"[demo] draft Markov rows correct: {manifest['draft_row_accuracy']:.0%}", flush=True)
+        table = args.sps_table or str(DEFAULT_TABLE)
+    else:
+        models = Path(args.models or TRAINED)
+        missing = [d for d in ("target", "draft") if not (models / d / "config.json").is_file()]
+        if missing:
+            print(f"[demo] ERROR: {models} has no {' or '.join(missing)}/ model; rebuild the trained pair with "
+                  f"`python -m sglang_dspark.train tiny-pair --out artifacts/trained` and pass "
+                  f"--models with target/ and draft/ (draft-dspark), or run with --constructed", file=sys.stderr)
+            return 2
+        print(f"[demo] trained tiny pair from {models} (see its README.md)", flush=True)
+        table = args.sps_table
     extra = ["--max-running-requests", "16"]
-    if args.mode != "static":
-        extra += ["--speculative-dspark-sps-table-path", args.sps_table]
-    srv = SGLangServer(model_path=f"{args.models}/target", draft_path=f"{args.models}/draft",
+    if args.mode != "static" and table:
+        extra += ["--speculative-dspark-sps-table-path", table]
+    srv = SGLangServer(model_path=f"{models}/target", draft_path=f"{models}/draft",
                        env={"SGLANG_RAGGED_VERIFY_MODE": args.mode,
                             "SGLANG_DSPARK_ENABLE_SPS_RECORD": "1"},
                        extra_args=extra)

@@ -61,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--anchors-per-seq", type=_pos_int, default=32)
     d.add_argument("--lr", type=float, default=1e-3)
     d.add_argument("--ce-label", choices=("target", "data"), default="target")
+    d.add_argument("--conf-label", choices=("tv", "greedy"), default="tv",
+                   help="confidence head label: 1 - TV (paper; acceptance at T = 1) or greedy "
+                        "argmax agreement (acceptance at T = 0)")
     d.add_argument("--max-sequences", type=_pos_int, default=None)
     d.add_argument("--cache-target", action="store_true",
                    help="keep target features in memory (repeat batches skip the target)")
@@ -77,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--target-steps", type=_pos_int, default=None)
     t.add_argument("--draft-steps", type=_pos_int, default=None)
     t.add_argument("--block-size", type=_pos_int, default=None)
+    t.add_argument("--conf-label", choices=("tv", "greedy"), default=None,
+                   help="the DSpark drafter's confidence label (default tv, the paper's)")
     t.add_argument("--reuse-target", action="store_true",
                    help="keep OUT/target if a previous run trained it (drafters only)")
 
@@ -135,6 +140,8 @@ def _run(args) -> int:
             over["draft_steps"] = args.draft_steps
         if args.block_size:
             over["block_size"] = args.block_size
+        if args.conf_label:
+            over["conf_label"] = args.conf_label
         cfg = replace(cfg, **over)
         if args.target_steps:
             cfg = replace(cfg, target=replace(cfg.target, steps=args.target_steps))
@@ -161,7 +168,7 @@ def _run(args) -> int:
             raise CliError(f"--target-layer-ids {bad} out of range for a {target.num_layers}-layer "
                            f"target; use ids in [0, {target.num_layers - 2}].")
     seqs = load_corpus(target.tokenizer, args.data, args.seq_len, args.max_sequences)
-    w = replace(LossWeights.for_mode(args.mode), ce_label=args.ce_label)
+    w = replace(LossWeights.for_mode(args.mode), ce_label=args.ce_label, conf_label=args.conf_label)
     cfg = DraftTrainConfig(mode=args.mode, block_size=args.block_size,
                            target_layer_ids=args.target_layer_ids, num_layers=args.num_layers,
                            markov_rank=args.markov_rank, steps=args.steps,

@@ -7,6 +7,9 @@ Per block position k = 1..gamma (0-based index i = k-1), with draft distribution
 * CE  = -sum_v p_t(v) log p_d(v)     (default; or -log p_d(data token), ce_label="data")
 * TV  = 0.5 * || p_d - p_t ||_1
 * BCE = BCE(sigmoid(conf_k), c*_k),  c*_k = 1 - TV_k (= 1 - ||p_d - p_t||_1 / 2), detached
+  (conf_label="tv", the paper's: the probability that rejection sampling at T = 1 accepts
+  a draft token), or c*_k = 1[argmax p_d = argmax p_t] (conf_label="greedy": what greedy
+  verification accepts; ours, for servers that run at temperature 0)
 
 Each term is weighted by ``exp(-(k-1)/decay)`` and restricted to the block's
 contiguous valid prefix (a position is valid when its label exists and lies in the
@@ -31,6 +34,8 @@ class LossWeights:
     # CE label: "target" = soft CE against p_t (the expectation of CE on data the target
     # regenerated, which is how DeepSpec builds its training set); "data" = corpus token.
     ce_label: str = "target"
+    # confidence label: "tv" = 1 - TV (paper); "greedy" = draft argmax equals target argmax
+    conf_label: str = "tv"
 
     @staticmethod
     def for_mode(mode: str) -> "LossWeights":
@@ -40,6 +45,8 @@ class LossWeights:
     def validate(self) -> None:
         if self.ce_label not in ("target", "data"):
             raise ValueError(f"ce_label must be 'target' or 'data', got {self.ce_label!r}.")
+        if self.conf_label not in ("tv", "greedy"):
+            raise ValueError(f"conf_label must be 'tv' or 'greedy', got {self.conf_label!r}.")
         if min(self.ce, self.tv, self.conf) < 0 or self.ce + self.tv == 0:
             raise ValueError("loss weights must be >= 0 and CE + TV must be > 0.")
         if not self.decay > 0:
@@ -95,7 +102,10 @@ def dspark_loss(logits: torch.Tensor, conf_logits: torch.Tensor | None, labels: 
         if w.tv > 0:
             total = total + w.tv * out["tv"]
         if w.conf > 0 and conf_logits is not None:
-            c_star = (1.0 - tv).detach().clamp(0.0, 1.0)
+            if w.conf_label == "greedy":
+                c_star = (logits.argmax(-1) == target_logits.argmax(-1)).float()
+            else:
+                c_star = (1.0 - tv).detach().clamp(0.0, 1.0)
             bce = F.binary_cross_entropy_with_logits(conf_logits.float(), c_star, reduction="none")
             out["conf"] = (bce * pw).sum() / denom
             total = total + w.conf * out["conf"]

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from .data import Sequence, split_stdlib, text_sequences
+from .loss import LossWeights
 from .trainer import DraftTrainConfig, train_draft
 
 
@@ -47,12 +48,13 @@ class TinyTargetConfig:
 @dataclass(frozen=True)
 class TinyPairConfig:
     target: TinyTargetConfig = TinyTargetConfig()
-    draft_steps: int = 200
+    draft_steps: int = 1500
     draft_batch: int = 8
     block_size: int = 8
     markov_rank: int = 128
     anchors_per_seq: int = 24
     draft_lr: float = 2e-3
+    conf_label: str = "tv"        # the DSpark drafter's confidence label (loss.LossWeights)
     eval_prompts: int = 16
     sim_prompts: int = 4          # offline (HF) simulation is slow on CPU: a few prompts
     prompt_len: int = 48
@@ -181,7 +183,9 @@ def run_tiny_pair(out: Path, cfg: TinyPairConfig = TinyPairConfig(), log=print,
         dcfg = DraftTrainConfig(mode=mode, block_size=cfg.block_size, steps=cfg.draft_steps,
                                 batch_size=cfg.draft_batch, anchors_per_seq=cfg.anchors_per_seq,
                                 markov_rank=cfg.markov_rank, lr=cfg.draft_lr,
-                                seed=cfg.target.seed, device=cfg.device)
+                                seed=cfg.target.seed, device=cfg.device,
+                                weights=replace(LossWeights.for_mode(mode), conf_label=cfg.conf_label)
+                                if mode == "dspark" else LossWeights.for_mode(mode))
         res = train_draft(target, seqs, dcfg, out / f"draft-{mode}", log=log)
         report[f"train_{mode}"] = {"wall_s": res.wall_s, "final": res.history[-1]}
         dirs[mode] = out / f"draft-{mode}"

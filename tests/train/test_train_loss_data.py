@@ -60,6 +60,30 @@ def test_loss_terms_zero_when_draft_equals_target():
     assert dspark_loss(bad, conf, labels, t, mask, LossWeights())["tv"] > 0.05
 
 
+def test_greedy_confidence_label_is_argmax_agreement():
+    """conf_label="greedy": the BCE target is 1 where the draft's argmax equals the target's
+    (what greedy verification accepts) and 0 elsewhere, whatever the TV distance."""
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(1)
+    t = torch.randn(1, 2, 4, 9, generator=g)
+    d = t * 0.3                                    # same argmax everywhere, TV well above 0 ...
+    d[0, 1, 2] = -t[0, 1, 2]                       # ... except one row, whose argmax differs
+    mask = torch.ones(1, 2, 4, dtype=torch.bool)
+    conf = torch.randn(1, 2, 4, generator=g)
+    w = LossWeights(conf_label="greedy")
+    agree = (d.argmax(-1) == t.argmax(-1)).float()
+    assert agree.sum() == 7
+    out = dspark_loss(d, conf, t.argmax(-1), t, mask, w)
+    pw = position_weights(4, w.decay)[None, None, :].expand(1, 2, 4)
+    want = (F.binary_cross_entropy_with_logits(conf, agree, reduction="none") * pw).sum() / pw.sum()
+    assert torch.isclose(out["conf"], want)
+    tv_out = dspark_loss(d, conf, t.argmax(-1), t, mask, LossWeights())
+    assert not torch.isclose(tv_out["conf"], want)           # the paper's label differs here
+    with pytest.raises(ValueError, match="conf_label"):
+        LossWeights(conf_label="argmax").validate()
+
+
 def test_dflash_mode_is_ce_only():
     w = LossWeights.for_mode("dflash")
     assert (w.ce, w.tv, w.conf) == (1.0, 0.0, 0.0)
