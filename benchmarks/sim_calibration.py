@@ -6,9 +6,10 @@
     python benchmarks/sim_calibration.py compare [--bench benchmarks/results/worker_bench.json]
 
 ``measure`` serves the "bench" tiny pair (``artifacts/bench``, built if missing) with
-DSPARK in compact mode and SGLang's per-step records (``SGLANG_DSPARK_ENABLE_SPS_RECORD``
-plus the ``reqs`` debug dump), pins verify-budget fractions 1, 0.5 and 0 at concurrency
-1, 4, 16, 32 (the benchmark's levels), and writes
+DSPARK in compact mode and SGLang's per-step records (``SGLANG_DSPARK_ENABLE_SPS_RECORD``),
+pins verify-budget fractions 1, 0.75, 0.5, 0.25 and 0 at concurrency 1, 4, 16, 32 (the
+benchmark's levels; several fractions per level give the profile overlapping batch sizes
+across request counts, so per-request and per-token costs separate), and writes
 
 * ``benchmarks/results/sim_calibration_profile.json``: a DSpark profile fitted to the
   measured ``(R, B, step seconds)`` of every decode step (the loop period as SGLang's
@@ -17,8 +18,10 @@ plus the ``reqs`` debug dump), pins verify-budget fractions 1, 0.5 and 0 at conc
   draft tokens under full verification (captured from the worker's telemetry by the
   project's controller, run in-process) with confidence rows synthesised from how the tiny
   drafter is built (SGLang's per-request debug dump fails on CPU), plus the measured prompt
-  length, per-request fixed latency and the no-speculation step time (from SGLang's decode
-  log, ``--nospec``).
+  length, per-request fixed latency, the no-speculation step time per running-request
+  count (SGLang's decode log of a second server, ``--nospec``) and the verify-all step time
+  in SGLang's static mode (records of a third server, ``--static``; static steps skip the
+  ragged layout and cost less than compact steps at the same budget on this CPU).
 
 ``compare`` builds the matching scenario (same concurrency levels, the benchmark's requests
 per user, warm-up pass, colocated prefill, ``--max-running-requests 32``), simulates every
@@ -145,6 +148,46 @@ def _synth_confidences(acc: list[int], gamma: int, hi: float, lo: float, row_acc
     return rows
 
 
+def _fresh_step_times(records: list[dict]) -> dict[int, list[float]]:
+    """SGLang per-step records -> loop seconds per running-request count, skipping periods
+    that include a prefill (the running count grew since the previous record)."""
+    by: dict[int, list[float]] = {}
+    prev_r = None
+    for x in sorted(records, key=lambda x: int(x.get("forward_ct", -1))):
+        R, B, ms = x.get("num_running_reqs"), x.get("num_verify_tokens"), x.get("step_cpu_ms")
+        fresh = prev_r is not None and R is not None and R <= prev_r
+        prev_r = R
+        if ms and R and B and B >= R and fresh:
+            by.setdefault(int(R), []).append(float(ms) / 1000.0)
+    return by
+
+
+def _measure_static(m: Path, levels: list[int], max_new: int) -> dict[int, float]:
+    """Median loop seconds per step of DSPARK verify-all in SGLang's static mode (what the
+    benchmark's ``verify_all`` row runs), per running-request count, from SGLang's records."""
+    from sglang_dspark.server_process import SGLangServer
+
+    env = {"SGLANG_RAGGED_VERIFY_MODE": "static", "SGLANG_DSPARK_ENABLE_SPS_RECORD": "1",
+           "SGLANG_DSPARK_LOG_INTERVAL_S": "0"}
+    srv = SGLangServer(model_path=str(m / "target"), draft_path=str(m / "draft"), env=env,
+                       extra_args=["--max-running-requests", str(max(levels))])
+    out: dict[int, float] = {}
+    with srv:
+        _run(srv.url, 8, 8, max_new, 30_000)                                   # warm-up
+        for c in levels:
+            before = _records(srv) or []
+            wm = max((int(x.get("forward_ct", -1)) for x in before), default=-1)
+            _run(srv.url, c * (3 if c == 1 else 1), c, max_new, 31_000 + 100 * c)
+            time.sleep(0.3)
+            new = [x for x in (_records(srv) or []) if int(x.get("forward_ct", -1)) > wm]
+            per = _fresh_step_times(new).get(c)
+            if per:
+                out[c] = statistics.median(per)
+            print(f"static c={c}: {len(per or [])} steps, median {1000 * out.get(c, float('nan')):.1f} ms",
+                  file=sys.stderr)
+    return out
+
+
 def measure(args) -> int:
     import signal
     import tempfile
@@ -236,6 +279,9 @@ def measure(args) -> int:
             for c in levels:
                 _run(ns.url, c, c, args.max_new_tokens, 20_000 + c)
             nospec = _decode_log_step_times(Path(ns.log_path).read_text(errors="replace"))
+    static = {}
+    if args.static and time.monotonic() - t_begin < args.max_time + 120:
+        static = _measure_static(m, levels, args.max_new_tokens)
     spec_log = _decode_log_step_times(log_text)
     fixed = [r["latency_s"] - r["records"] * r["median_step_s"] for r in lat1 if r.get("median_step_s")]
     from dspark_controller.profile_file import EngineFingerprint, save_profile
@@ -264,7 +310,8 @@ def measure(args) -> int:
                            f"row accuracy={row_acc:.3f}); SGLang's per-request dump fails on CPU",
             "prompt_tokens": statistics.median(ptoks) if ptoks else None,
             "fixed_latency_s_at_c1": statistics.median(fixed) if fixed else None,
-            "latencies_c1": lat1, "nospec_step_s": nospec, "dspark_decode_log_step_s": spec_log,
+            "latencies_c1": lat1, "nospec_step_s": nospec, "static_step_s": static,
+            "dspark_decode_log_step_s": spec_log,
             "elapsed_s": round(time.monotonic() - t_begin, 1)}
     (out / "sim_calibration_trace.json").write_text(json.dumps({"conf": conf, "acc": trace_acc, "meta": meta}))
     print(json.dumps({k: v for k, v in meta.items() if k not in ("latencies_c1",)}, indent=1))
@@ -288,8 +335,10 @@ def build_scenario(args, meta: dict, levels: list[int], requests_per_user: int =
     prefill = args.prefill_frac * float(load_any(args.profile).model.predict_step_time(1, ptok))
     return Scenario(
         name="cpu-bench-calibration", gamma=gamma, engines=1, max_running=max(levels),
-        cost={"kind": "profile", "path": args.profile, "nospec_frac": nospec_frac,
-              "prefill_frac": args.prefill_frac},
+        cost=dict({"kind": "profile", "path": args.profile, "nospec_frac": nospec_frac,
+                   "prefill_frac": args.prefill_frac},
+                  **({"nospec_step_s": meta["nospec_step_s"]} if meta.get("nospec_step_s") and args.tables else {}),
+                  **({"static_step_s": meta["static_step_s"]} if meta.get("static_step_s") and args.tables else {})),
         workload=Workload(prompt=LengthDist("fixed", value=ptok), output=LengthDist("fixed", value=args.max_new_tokens),
                           requests_per_user=requests_per_user,
                           request_overhead_s=max(0.0, (fixed - prefill) * args.overhead_share)),
@@ -374,12 +423,17 @@ def main(argv=None) -> int:
     me = sub.add_parser("measure", help="measure profile + acceptance trace on the CPU bench pair")
     me.add_argument("--models", default=str(ROOT / "artifacts" / "bench"))
     me.add_argument("--levels", default="1,4,16,32")
-    me.add_argument("--fractions", default="1,0.5,0")
-    me.add_argument("--max-new-tokens", type=int, default=32)
-    me.add_argument("--max-time", type=float, default=150.0,
+    me.add_argument("--fractions", default="1,0.75,0.5,0.25,0",
+                    help="pinned budget fractions per level; several per level let the profile separate "
+                         "the per-request and per-token costs")
+    me.add_argument("--max-new-tokens", type=int, default=64, help="as worker_bench.py (acceptance varies "
+                                                                   "along the output on the tiny pair)")
+    me.add_argument("--max-time", type=float, default=300.0,
                     help="start no new cell after this many seconds (incl. server start-up)")
     me.add_argument("--nospec", action=argparse.BooleanOptionalAction, default=True,
                     help="also time no-speculation decode steps (a second, short server)")
+    me.add_argument("--static", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time verify-all steps in SGLang's static mode (a third, short server)")
     me.add_argument("--out-dir", default=str(RESULTS))
     me.set_defaults(func=measure)
     co = sub.add_parser("compare", help="simulate the benchmark's configurations and compare")
@@ -395,6 +449,9 @@ def main(argv=None) -> int:
     co.add_argument("--prefill-frac", type=float, default=1.0)
     co.add_argument("--overhead-share", type=float, default=1.0,
                     help="share of the measured fixed per-request latency spent outside the engine")
+    co.add_argument("--tables", action=argparse.BooleanOptionalAction, default=True,
+                    help="use the measured per-R step times of no-speculation and static verify-all "
+                         "(--no-tables: derive both from the DSpark profile, as before)")
     co.add_argument("--step-noise", type=float, default=0.05)
     co.add_argument("--budget-code", default="auto", choices=("auto", "worker", "planner"))
     co.add_argument("--seed", type=int, default=0)

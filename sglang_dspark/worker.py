@@ -230,7 +230,7 @@ class DSparkControlledWorker(DSparkWorkerV2):
 
 
 def _full_budget_static_default(device) -> bool:
-    """``SGLANG_DSPARK_FULL_BUDGET_STATIC``: 1 | 0 | auto (default: on for CPU only)."""
+    """``SGLANG_DSPARK_FULL_BUDGET_STATIC``: 1 | 0 | auto (default 0, off; auto = on for CPU devices)."""
     import torch
 
     v = os.environ.get("SGLANG_DSPARK_FULL_BUDGET_STATIC", "0").strip().lower()

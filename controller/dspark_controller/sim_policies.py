@@ -305,7 +305,7 @@ class Policy:
     """One policy instance per engine and run. ``budget`` returns K or None (verify all)."""
 
     name = "policy"
-    kind = "dspark"          # nospec | mtp1 | dspark
+    kind = "dspark"          # nospec | mtp1 | dspark | static (verify-all in SGLang's static mode)
 
     def __init__(self) -> None:
         self.sources: Counter = Counter()
@@ -426,7 +426,7 @@ def make_policy(name: str, *, backend: Backend, gamma: int, engine_idx: int, sha
     if name == "mtp1":
         return _Fixed("mtp1", "mtp1")
     if name == "verify_all":
-        return _Fixed("verify_all", "dspark")
+        return _Fixed("verify_all", "static")
     if name == "oracle":
         return OraclePolicy()
     if name == "upstream":

@@ -279,7 +279,13 @@ class ProfileCost(CostModel):
 
     * DSpark step: ``t(R, B)`` (the profile measures whole steps: draft + verify + overhead).
     * No speculation: ``nospec_frac * t(R, R)`` (no drafter runs; ``nospec_frac`` is the
-      target-only share of a step at B = R, measured or assumed).
+      target-only share of a step at B = R, measured or assumed), or, when given,
+      ``nospec_step_s``: measured no-speculation step seconds per running-request count
+      (``{R: seconds}``), interpolated linearly in R (extrapolated from the last two points).
+    * Verify-all (``verify_all`` policy, SGLang's static mode): ``t(R, R(gamma + 1))``, or,
+      when given, ``static_step_s`` (``{R: seconds}`` measured in static mode, same
+      interpolation): static steps skip the ragged layout and cost less than compact
+      ones at the same B on some devices (on the 2-core CPU: ~13% at R = 1, ~45% at R = 4).
     * MTP-1: ``mtp_frac * t(R, 2R)``.
     * Prefill of prompts P: ``prefill_frac * t(n, sum P) + prefill_overhead_s``.
     * Context: ``+ ctx_s_per_token * sum of context lengths`` (0: the profile's own context).
@@ -292,8 +298,14 @@ class ProfileCost(CostModel):
     prefill_frac: float = 1.0
     prefill_overhead_s: float = 0.0
     ctx_s_per_token: float = 0.0
+    nospec_step_s: Optional[dict] = None
+    static_step_s: Optional[dict] = None
     label: str = "profile"
     modelled: bool = False
+
+    def __post_init__(self) -> None:
+        self._nospec_table = _rtable(self.nospec_step_s, "nospec_step_s")
+        self._static_table = _rtable(self.static_step_s, "static_step_s")
 
     def _t(self, R: int, B: Any) -> Any:
         R = max(int(R), 1)
@@ -305,9 +317,14 @@ class ProfileCost(CostModel):
     def decode(self, kind: str, R: int, B: int, ctx_sum: float, gamma: int) -> float:
         extra = self.ctx_s_per_token * ctx_sum
         if kind == "nospec":
+            if self._nospec_table is not None:
+                return _interp_r(self._nospec_table, R) + extra
             return self.nospec_frac * self._t(R, R) + extra
         if kind == "mtp1":
             return self.mtp_frac * self._t(R, 2 * R) + extra
+        if kind == "static" and self._static_table is not None:
+            t = _interp_r(self._static_table, R) + extra
+            return t if np.isscalar(B) else np.full(np.shape(B), t, dtype=np.float64)
         return self._t(R, B) + extra
 
     def prefill(self, prompt_lens: list[int], running: int, gamma: int) -> float:
@@ -316,9 +333,48 @@ class ProfileCost(CostModel):
 
     def describe(self) -> dict[str, Any]:
         return {"source": self.source, "nospec_frac": self.nospec_frac, "mtp_frac": self.mtp_frac,
+                "nospec_step_s": self.nospec_step_s, "static_step_s": self.static_step_s,
                 "prefill_frac": self.prefill_frac, "prefill_overhead_s": self.prefill_overhead_s,
                 "ctx_s_per_token": self.ctx_s_per_token,
                 "note": "step times from a measured profile" + ("" if not self.modelled else " (MODELLED factors)")}
+
+
+def _rtable(table: Optional[dict], name: str) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """``{R: seconds}`` (JSON keys may be strings) -> sorted arrays; clear errors for bad input."""
+    if table is None:
+        return None
+    if not isinstance(table, dict) or not table:
+        raise ValueError(f"{name} must be a non-empty mapping of running-request count -> step seconds")
+    pts = []
+    for k, v in table.items():
+        try:
+            r, t = int(k), float(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}: entry {k!r}: {v!r} is not <integer R>: <seconds>") from None
+        if r < 1 or not (t > 0 and math.isfinite(t)):
+            raise ValueError(f"{name}: entry {k!r}: {v!r} needs R >= 1 and a positive finite time")
+        pts.append((r, t))
+    pts.sort()
+    return np.array([p[0] for p in pts], dtype=np.float64), np.array([p[1] for p in pts], dtype=np.float64)
+
+
+def _interp_r(table: tuple[np.ndarray, np.ndarray], R: int) -> float:
+    """Linear in R between measured points; beyond them, the nearest segment's slope (one
+    point: proportional to R above it, constant below). Never below 10% of the nearest point."""
+    rs, ts = table
+    x = float(max(int(R), 1))
+    if len(rs) == 1:
+        return float(ts[0] * max(x / rs[0], 1.0))
+    if x <= rs[0]:
+        i = 0
+    elif x >= rs[-1]:
+        i = len(rs) - 2
+    else:
+        return float(np.interp(x, rs, ts))
+    slope = (ts[i + 1] - ts[i]) / (rs[i + 1] - rs[i])
+    near = ts[0] if x <= rs[0] else ts[-1]
+    base_r = rs[0] if x <= rs[0] else rs[-1]
+    return float(max(near + slope * (x - base_r), 0.1 * near))
 
 
 def build_roofline(spec: dict[str, Any]) -> RooflineCost:

@@ -158,6 +158,37 @@ def test_online_profile_recovers_after_a_30pct_drift():
 
 
 # ------------------------------------------------------------------ scenario files and the CLI
+def test_measured_nospec_and_static_step_tables(tmp_path):
+    """Per-R tables replace the profile-derived no-speculation and static verify-all steps
+    (interpolated in R); the other DSpark policies keep the profile's t(R, B)."""
+    from dspark_controller.sim_roofline import ProfileCost, _interp_r, _rtable
+
+    tab = _rtable({"1": 0.02, "4": 0.05, 16: 0.11}, "x")
+    assert _interp_r(tab, 1) == pytest.approx(0.02) and _interp_r(tab, 2) == pytest.approx(0.03)
+    assert _interp_r(tab, 10) == pytest.approx(0.08)
+    assert _interp_r(tab, 32) == pytest.approx(0.11 + 16 * 0.005)          # last segment's slope
+    cost = ProfileCost(step_time=lambda R, B: 0.1, nospec_step_s={"1": 0.04}, static_step_s={"1": 0.05, "2": 0.07})
+    assert cost.decode("nospec", 2, 2, 0.0, 3) == pytest.approx(0.08)       # one point: proportional above
+    assert cost.decode("static", 1, 4, 0.0, 3) == pytest.approx(0.05)
+    assert cost.decode("dspark", 1, 4, 0.0, 3) == pytest.approx(0.1)
+    for bad in ({}, {"0": 0.1}, {"1": -1.0}, {"one": 0.1}, [0.1]):
+        with pytest.raises(ValueError, match="static_step_s"):
+            ProfileCost(step_time=lambda R, B: 0.1, static_step_s=bad)
+    base = Scenario(name="tables", gamma=3, max_running=8, levels=[1], warmup_level=None, step_noise=0.0,
+                    cost={"kind": "profile", "path": _flat_table(tmp_path), "nospec_frac": 1.0,
+                          "nospec_step_s": {"1": 0.05}, "static_step_s": {"1": 0.2}},
+                    workload=Workload(prompt=LengthDist("fixed", value=5), output=LengthDist("fixed", value=10),
+                                      requests_per_user=2),
+                    prefill="colocated", domains=[{"name": "sure", "trace": {"conf": [[0.9, 0.9, 0.9]],
+                                                                              "acc": [3]}}],
+                    sla_floor=None, anchors=[])
+    res = {r.policy: r for r in run_frontier(base, policies=["nospec", "verify_all", "online"])}
+    # per request: prefill 0.1 s (profile) + 9 decode steps at 0.05 s / 3 static steps at 0.2 s
+    assert res["nospec"].throughput == pytest.approx(20 / (2 * (0.1 + 9 * 0.05)))
+    assert res["verify_all"].throughput == pytest.approx(20 / (2 * (0.1 + 3 * 0.2)))
+    assert res["online"].throughput > res["verify_all"].throughput             # compact steps: the profile's 0.1 s
+
+
 def test_scenario_file_with_trace_and_profile(tmp_path):
     (tmp_path / "trace.json").write_text(json.dumps({"conf": [[0.9, 0.5]] * 3, "acc": [2, 1, 0]}))
     sc = scenario_from_dict({"name": "f", "gamma": 2, "cost": {"kind": "profile", "path": _flat_table(tmp_path)},
