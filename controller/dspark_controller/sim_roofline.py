@@ -285,7 +285,8 @@ class ProfileCost(CostModel):
     * Verify-all (``verify_all`` policy, SGLang's static mode): ``t(R, R(gamma + 1))``, or,
       when given, ``static_step_s`` (``{R: seconds}`` measured in static mode, same
       interpolation): static steps skip the ragged layout and cost less than compact
-      ones at the same B on some devices (on the 2-core CPU: ~13% at R = 1, ~45% at R = 4).
+      ones at the same B on some devices (2-core CPU, 2026-12-01: ~11% at R = 1, none at
+      R = 4, ~8% at R = 16-32).
     * MTP-1: ``mtp_frac * t(R, 2R)``.
     * Prefill of prompts P: ``prefill_frac * t(n, sum P) + prefill_overhead_s``.
     * Context: ``+ ctx_s_per_token * sum of context lengths`` (0: the profile's own context).
