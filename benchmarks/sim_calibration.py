@@ -148,18 +148,16 @@ def _synth_confidences(acc: list[int], gamma: int, hi: float, lo: float, row_acc
     return rows
 
 
-def _fresh_step_times(records: list[dict]) -> dict[int, list[float]]:
-    """SGLang per-step records -> loop seconds per running-request count, skipping periods
-    that include a prefill (the running count grew since the previous record)."""
-    by: dict[int, list[float]] = {}
+def _fresh_steps(records: list[dict]):
+    """SGLang per-step records, in step order -> ``(R, B, loop seconds)`` of every decode step
+    whose period holds no prefill (the running count did not grow since the previous record)."""
     prev_r = None
-    for x in sorted(records, key=lambda x: int(x.get("forward_ct", -1))):
+    for x in records:
         R, B, ms = x.get("num_running_reqs"), x.get("num_verify_tokens"), x.get("step_cpu_ms")
         fresh = prev_r is not None and R is not None and R <= prev_r
         prev_r = R
         if ms and R and B and B >= R and fresh:
-            by.setdefault(int(R), []).append(float(ms) / 1000.0)
-    return by
+            yield int(R), int(B), float(ms) / 1000.0
 
 
 def _measure_static(m: Path, levels: list[int], max_new: int) -> dict[int, float]:
@@ -179,8 +177,9 @@ def _measure_static(m: Path, levels: list[int], max_new: int) -> dict[int, float
             wm = max((int(x.get("forward_ct", -1)) for x in before), default=-1)
             _run(srv.url, c * (3 if c == 1 else 1), c, max_new, 31_000 + 100 * c)
             time.sleep(0.3)
-            new = [x for x in (_records(srv) or []) if int(x.get("forward_ct", -1)) > wm]
-            per = _fresh_step_times(new).get(c)
+            new = sorted((x for x in (_records(srv) or []) if int(x.get("forward_ct", -1)) > wm),
+                         key=lambda x: int(x["forward_ct"]))
+            per = [t for (R, _B, t) in _fresh_steps(new) if R == c]
             if per:
                 out[c] = statistics.median(per)
             print(f"static c={c}: {len(per or [])} steps, median {1000 * out.get(c, float('nan')):.1f} ms",
@@ -245,15 +244,8 @@ def measure(args) -> int:
                         time_source["sglang_records"] = time_source.get("sglang_records", 0) + 1
                         new = sorted((x for x in after if int(x.get("forward_ct", -1)) > wm),
                                      key=lambda x: int(x["forward_ct"]))
-                    prev_r = None
-                    level_samples = []
-                    for x in new:
-                        R, B, ms = x.get("num_running_reqs"), x.get("num_verify_tokens"), x.get("step_cpu_ms")
-                        fresh = prev_r is not None and R is not None and R <= prev_r
-                        prev_r = R
-                        if ms and R and B and B >= R and fresh:     # skip periods that include a prefill
-                            samples.append([int(R), int(B), float(ms) / 1000.0])
-                            level_samples.append(samples[-1])
+                    level_samples = [[R, B, t] for (R, B, t) in _fresh_steps(new)]
+                    samples += level_samples
                     if frac >= 1.0:
                         for (R, B, acc, budget, _t) in tele[n0:]:
                             trace_acc.extend(int(a) for a in acc)

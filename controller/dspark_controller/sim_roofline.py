@@ -366,16 +366,11 @@ def _interp_r(table: tuple[np.ndarray, np.ndarray], R: int) -> float:
     x = float(max(int(R), 1))
     if len(rs) == 1:
         return float(ts[0] * max(x / rs[0], 1.0))
-    if x <= rs[0]:
-        i = 0
-    elif x >= rs[-1]:
-        i = len(rs) - 2
-    else:
+    if rs[0] < x < rs[-1]:
         return float(np.interp(x, rs, ts))
+    i, edge = (0, 0) if x <= rs[0] else (len(rs) - 2, -1)       # the nearest segment, its end point
     slope = (ts[i + 1] - ts[i]) / (rs[i + 1] - rs[i])
-    near = ts[0] if x <= rs[0] else ts[-1]
-    base_r = rs[0] if x <= rs[0] else rs[-1]
-    return float(max(near + slope * (x - base_r), 0.1 * near))
+    return float(max(ts[edge] + slope * (x - rs[edge]), 0.1 * ts[edge]))
 
 
 def build_roofline(spec: dict[str, Any]) -> RooflineCost:
