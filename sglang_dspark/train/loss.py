@@ -92,6 +92,7 @@ def dspark_loss(logits: torch.Tensor, conf_logits: torch.Tensor | None, labels: 
     else:
         ce = -torch.gather(logp_d, -1, labels[..., None]).squeeze(-1)
     out = {"ce": (ce * pw).sum() / denom}
+    agree = (logits.argmax(-1) == target_logits.argmax(-1)).float()    # greedy acceptance event
     total = w.ce * out["ce"]
     need_tv = w.tv > 0 or (w.conf > 0 and conf_logits is not None)
     if need_tv:
@@ -103,14 +104,12 @@ def dspark_loss(logits: torch.Tensor, conf_logits: torch.Tensor | None, labels: 
             total = total + w.tv * out["tv"]
         if w.conf > 0 and conf_logits is not None:
             if w.conf_label == "greedy":
-                c_star = (logits.argmax(-1) == target_logits.argmax(-1)).float()
+                c_star = agree
             else:
                 c_star = (1.0 - tv).detach().clamp(0.0, 1.0)
             bce = F.binary_cross_entropy_with_logits(conf_logits.float(), c_star, reduction="none")
             out["conf"] = (bce * pw).sum() / denom
             total = total + w.conf * out["conf"]
-    with torch.no_grad():
-        acc = (logits.argmax(-1) == target_logits.argmax(-1)).float()
-        out["top1_agree"] = (acc * mask).sum() / mask.float().sum().clamp(min=1)
+    out["top1_agree"] = (agree * mask).sum() / mask.float().sum().clamp(min=1)
     out["loss"] = total
     return out
