@@ -12,8 +12,9 @@ file, and ECE on a held-out half is only meaningful when both halves mix many fi
 """
 
 import argparse
-import json
 from pathlib import Path
+
+from build_tiny_heldout import write_prompts  # this script's directory is on sys.path
 
 
 def build(per_file: int = 40, lines_per_prompt: int = 6) -> list[dict]:
@@ -42,11 +43,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.per_file < 1 or args.lines < 1:
         ap.error("--per-file and --lines must be >= 1")
-    recs = build(args.per_file, args.lines)
-    with open(args.out, "w", encoding="utf-8") as fh:
-        for r in recs:
-            fh.write(json.dumps(r) + "\n")
-    print(f"wrote {len(recs)} prompts to {args.out}")
+    write_prompts(build(args.per_file, args.lines), args.out)
 
 
 if __name__ == "__main__":

@@ -40,15 +40,19 @@ def build() -> list[dict]:
     return out
 
 
+def write_prompts(recs: list[dict], out: str) -> None:
+    """One DeepSpec-format JSON object per line (shared with build_stdlib_heldout.py)."""
+    with open(out, "w", encoding="utf-8") as fh:
+        for r in recs:
+            fh.write(json.dumps(r) + "\n")
+    print(f"wrote {len(recs)} prompts to {out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(Path(__file__).with_name("tiny-heldout.jsonl")))
     args = ap.parse_args()
-    recs = build()
-    with open(args.out, "w", encoding="utf-8") as fh:
-        for r in recs:
-            fh.write(json.dumps(r) + "\n")
-    print(f"wrote {len(recs)} prompts to {args.out}")
+    write_prompts(build(), args.out)
 
 
 if __name__ == "__main__":
