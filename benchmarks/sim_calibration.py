@@ -19,7 +19,8 @@ across request counts, so per-request and per-token costs separate), and writes
   project's controller, run in-process) with confidence rows synthesised from how the tiny
   drafter is built (SGLang's per-request debug dump fails on CPU), plus the measured prompt
   length, per-request fixed latency, the no-speculation step time per running-request
-  count (SGLang's decode log of a second server, ``--nospec``) and the verify-all step time
+  count (a second server, ``--nospec``: wall times of short and long outputs, differenced,
+  since SGLang keeps per-step records only for DSpark) and the verify-all step time
   in SGLang's static mode (records of a third server, ``--static``; static steps skip the
   ragged layout and cost less than compact steps at the same budget on this CPU).
 
@@ -94,6 +95,28 @@ def _decode_log_step_times(log_text: str) -> dict[int, float]:
         if thr > 0:
             by.setdefault(r, []).append(r / thr)
     return {r: statistics.median(v) for r, v in by.items()}
+
+
+def _differenced_step_times(url: str, levels: list[int], *, short: int = 8, long: int = 72,
+                            reps: int = 3, offset: int = 20_000) -> dict[int, float]:
+    """Seconds per decode step at each running-request count, from wall times: ``c``
+    concurrent requests of ``long`` and of ``short`` output tokens (same prompts shape,
+    so prefill and fixed costs cancel in the difference), repeated ``reps`` times
+    interleaved; median(long) - median(short) over (long - short) steps.  For servers that
+    keep no per-step records (no speculation)."""
+    out: dict[int, float] = {}
+    for c in levels:
+        walls: dict[int, list[float]] = {short: [], long: []}
+        for rep in range(reps):
+            for n_tok in (short, long):
+                t0 = time.perf_counter()
+                _run(url, c, c, n_tok, offset)
+                walls[n_tok].append(time.perf_counter() - t0)
+                offset += c
+        out[c] = max(statistics.median(walls[long]) - statistics.median(walls[short]), 0.0) / (long - short)
+        print(f"nospec c={c}: {1000 * out[c]:.1f} ms per step (length differencing, {reps} reps)",
+              file=sys.stderr)
+    return out
 
 
 def _capture_controller(work: Path):
@@ -266,11 +289,10 @@ def measure(args) -> int:
     nospec = {}
     if args.nospec and time.monotonic() - t_begin < args.max_time + 60:
         ns = SGLangServer(model_path=str(m / "target"), env={"SGLANG_DSPARK_LOG_INTERVAL_S": "0"},
-                          extra_args=["--max-running-requests", str(max(levels)), "--decode-log-interval", "8"])
+                          extra_args=["--max-running-requests", str(max(levels))])
         with ns:
-            for c in levels:
-                _run(ns.url, c, c, args.max_new_tokens, 20_000 + c)
-            nospec = _decode_log_step_times(Path(ns.log_path).read_text(errors="replace"))
+            _run(ns.url, 8, 8, args.max_new_tokens, 19_000)                 # warm-up
+            nospec = _differenced_step_times(ns.url, levels, long=8 + args.max_new_tokens)
     static = {}
     if args.static and time.monotonic() - t_begin < args.max_time + 120:
         static = _measure_static(m, levels, args.max_new_tokens)
@@ -303,6 +325,7 @@ def measure(args) -> int:
             "prompt_tokens": statistics.median(ptoks) if ptoks else None,
             "fixed_latency_s_at_c1": statistics.median(fixed) if fixed else None,
             "latencies_c1": lat1, "nospec_step_s": nospec, "static_step_s": static,
+            "nospec_step_source": "wall-time differencing of 8- and %d-token outputs" % (8 + args.max_new_tokens),
             "dspark_decode_log_step_s": spec_log,
             "elapsed_s": round(time.monotonic() - t_begin, 1)}
     (out / "sim_calibration_trace.json").write_text(json.dumps({"conf": conf, "acc": trace_acc, "meta": meta}))
@@ -311,7 +334,7 @@ def measure(args) -> int:
 
 
 # ------------------------------------------------------------------ compare
-def build_scenario(args, meta: dict, levels: list[int], requests_per_user: int = 2):
+def build_scenario(args, meta: dict, levels: list[int], requests_per_user: int = 2, warm_waves: int = 1):
     from dspark_controller.simulate import LengthDist, Scenario, Workload
 
     gamma = int(meta.get("gamma") or 3)
@@ -335,7 +358,8 @@ def build_scenario(args, meta: dict, levels: list[int], requests_per_user: int =
                           requests_per_user=requests_per_user,
                           request_overhead_s=max(0.0, (fixed - prefill) * args.overhead_share)),
         domains=[{"name": "bench-trace", "trace": args.trace}], prefill="colocated", levels=levels,
-        warmup_level=8, step_noise=args.step_noise, sla_floor=None, anchors=[], controller_explore=0.0,
+        # the benchmark's warm-up: ``warm_waves`` ramps of one request per user at each level
+        warmup_level=list(levels) * max(0, int(warm_waves)), warmup_requests_per_user=1, step_noise=args.step_noise, sla_floor=None, anchors=[], controller_explore=0.0, full_budget_static=True,
         upstream_table=(args.upstream_table if args.upstream_table and Path(args.upstream_table).is_file()
                         else "static-probe"), seed=args.seed,
         description="CPU bench pair (benchmarks/worker_bench.py) from a measured profile and acceptance trace")
@@ -376,7 +400,8 @@ def compare(args) -> int:
     res = []
     for lv in levels:  # each level with the benchmark's own request count
         m0 = next(bench[c].get(str(lv)) or bench[c].get(lv) for c in configs)
-        sc = build_scenario(args, meta, levels, requests_per_user=max(1, int(m0.get("requests", 2 * lv)) // lv))
+        sc = build_scenario(args, meta, levels, requests_per_user=max(1, int(m0.get("requests", 2 * lv)) // lv),
+                            warm_waves=int(bmeta.get("warm_waves", 1)))
         res += run_frontier(sc, policies=configs, backend=args.budget_code, levels=[lv],
                             progress=(lambda s: print(s, file=sys.stderr)) if args.verbose else None)
     rows = []

@@ -4,9 +4,8 @@
         [--png docs/img/worker_bench.png]
 
 Serves the ``bench`` tiny pair (hidden 768, so step time grows with verify tokens even
-on a CPU; built locally) one server at a time and measures output tokens/s, tokens/s
-per user and SGLang's accept length at each concurrency level (closed loop, greedy,
-``ignore_eos``):
+on a CPU; built locally) and measures output tokens/s, tokens/s per user and SGLang's
+accept length at each concurrency level (closed loop, greedy, ``ignore_eos``):
 
   nospec      no speculation
   verify_all  DSPARK as SGLang ships it with no table: static mode, every draft verified
@@ -17,19 +16,24 @@ per user and SGLang's accept length at each concurrency level (closed loop, gree
   online      ours: DSPARK compact, NO table, NO controller (the local online profile)
               (every DSPARK config runs SGLang's own sequential head, so rows differ only
               in how the verify budget is chosen)
-  fixed@f     the same server as ``online`` afterwards, with the verify budget pinned at
-              fraction f of all draft tokens (SGLang's dspark_force_budget_frac); the best
-              of these and verify_all is the "best fixed budget" at each level
+  fixed@f     an ``online`` server with the verify budget pinned at fraction f of all
+              draft tokens (SGLang's dspark_force_budget_frac); the best of these and
+              verify_all is the "best fixed budget" at each level
   controller  ours: DSPARK compact, NO table, our controller process (throughput policy)
-  online_ragged  (ablation, not in the default set) ``online`` with
-              SGLANG_DSPARK_FULL_BUDGET_STATIC=0: full-budget steps keep a ragged layout
+  online_static / online_ragged  (ablations, not in the default set) ``online`` with
+              SGLANG_DSPARK_FULL_BUDGET_STATIC=1 / 0
 
-Every server first gets the same warm-up ramp (one wave at each level; the online
-configurations learn during it, as they would in production).  At the end the script
-prints the ratio tables, checks the targets of issue 4 (ours >= verify_all and >=
-upstream at every level, within 2% of the best fixed budget, host overhead per step
-within 2% of a step of upstream's planner) and writes JSON and a PNG.  Absolute numbers
-are CPU numbers and say nothing about a GPU; only the ratios in one run mean anything.
+Design (this machine is noisy: a pass run minutes later differs by 10-25%): every server
+is started once and warmed alone with ``--warm-waves`` ramps (one wave at each level; the
+online configurations learn during it, as they would in production); then ``--rounds``
+rounds each measure one short chunk of every (config, level), the configs in alternating
+order, while the servers not being measured are stopped (SIGSTOP: an idle SGLang scheduler
+polls and would take a core).  So chunks that are compared ran seconds apart, and the
+per-round ratios give the noise of each pooled ratio.  At the end the script prints the
+ratio tables, checks the targets of issue 4 (ours >= verify_all and >= upstream at every
+level, within 2% of the best fixed budget, host overhead per step within 2% of a step of
+upstream's planner) and writes JSON and a PNG.  Absolute numbers are CPU numbers and say
+nothing about a GPU; only the ratios in one run mean anything.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import json
 import math
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -56,7 +61,7 @@ from sglang_dspark.tiny_models import PRESETS, ensure_pair  # noqa: E402
 
 BENCH_SPEC = PRESETS["bench"]
 FIXED_FRACS = (1.0, 0.75, 0.5, 0.25, 0.125)
-OURS = ("online", "controller")
+OURS = ("online", "controller", "online_static", "online_ragged")
 
 
 def run_level(url: str, concurrency: int, n_requests: int, max_new: int, tag: str = "") -> dict:
@@ -96,12 +101,12 @@ def plugin_state(srv: SGLangServer) -> dict:
 
 
 def merge(runs: list[dict]) -> dict:
-    """Several passes of one (config, level): pooled tokens over pooled wall time, plus the
-    per-pass figures (their spread is the run-to-run noise)."""
+    """The rounds of one (config, level): pooled tokens over pooled wall time, plus the
+    per-round figures (paired with the other configs' chunks of the same round)."""
     tokens, wall = sum(r["tokens"] for r in runs), sum(r["wall_s"] for r in runs)
     out = {"tok_s": tokens / wall, "tok_s_per_user": sum(r["tok_s_per_user"] for r in runs) / len(runs),
            "tokens": tokens, "wall_s": wall, "requests": sum(r["requests"] for r in runs),
-           "per_pass_tok_s": [r["tok_s"] for r in runs]}
+           "per_round_tok_s": [r["tok_s"] for r in runs]}
     for k in ("accept_len", "verified_per_round"):
         vals = [r[k] for r in runs if r.get(k) is not None]
         if vals:
@@ -110,47 +115,112 @@ def merge(runs: list[dict]) -> dict:
 
 
 def requests_for(level: int, target_tokens: int, max_new: int) -> int:
-    """At least two waves, and about ``target_tokens`` output tokens per level."""
-    return max(2 * level, level * math.ceil(target_tokens / (max_new * level)))
+    """Whole waves of ``level`` requests, about ``target_tokens`` output tokens (at least one wave)."""
+    return level * max(1, math.ceil(target_tokens / (max_new * level)))
 
 
-def measure(srv: SGLangServer, name: str, levels: list[int], args, results: dict) -> None:
-    results.setdefault(name, {})
-    for lv in levels:
-        r = run_level(srv.url, lv, requests_for(lv, args.tokens_per_level, args.max_new_tokens),
-                      args.max_new_tokens, tag=name.replace("@", "_").replace(".", "_") + "_")
-        results[name].setdefault(lv, []).append(r)
-        acc = f"{r['accept_len']:.2f}" if "accept_len" in r else "   -"
-        ver = f"{r['verified_per_round']:.2f}" if "verified_per_round" in r else "-"
-        print(f"{name:>12} c={lv:<3} {r['tok_s']:8.1f} tok/s {r['tok_s_per_user']:7.1f} tok/s/user  "
-              f"accept {acc}  verified drafts/round {ver}", flush=True)
+def run_chunk(srv: SGLangServer, name: str, lv: int, args, raw: dict) -> None:
+    r = run_level(srv.url, lv, requests_for(lv, args.tokens_per_chunk, args.max_new_tokens),
+                  args.max_new_tokens, tag=name.replace("@", "_").replace(".", "_") + "_")
+    raw.setdefault(name, {}).setdefault(lv, []).append(r)
+    acc = f"{r['accept_len']:.2f}" if "accept_len" in r else "   -"
+    ver = f"{r['verified_per_round']:.2f}" if "verified_per_round" in r else "-"
+    print(f"{name:>12} c={lv:<3} {r['tok_s']:8.1f} tok/s {r['tok_s_per_user']:7.1f} tok/s/user  "
+          f"accept {acc}  verified drafts/round {ver}", flush=True)
 
 
-def warm(srv: SGLangServer, levels: list[int], max_new: int) -> None:
-    for lv in levels:
-        run_level(srv.url, lv, lv, max_new, tag="warm_")
+def warm(srv: SGLangServer, levels: list[int], max_new: int, waves: int) -> None:
+    for _ in range(waves):
+        for lv in levels:
+            run_level(srv.url, lv, lv, max_new, tag="warm_")
+
+
+def pin_fraction(srv: SGLangServer, f: float) -> None:
+    r = http_json(srv.url + "/set_internal_state", {"server_args": {"dspark_force_budget_frac": f}})
+    ok = all(bool(x.get("updated")) if isinstance(x, dict) else bool(x)
+             for x in (r if isinstance(r, list) else [r]))
+    if not ok:
+        raise SystemExit(f"server refused dspark_force_budget_frac={f}: {r}")
+
+
+class Suspended:
+    """All servers stay up for the whole run, but only the one being measured runs: the
+    others are stopped with SIGSTOP (an idle SGLang scheduler polls and would take a core)
+    and continued with SIGCONT for their chunk.  So every configuration is measured in
+    short chunks interleaved with the others, and the machine's slow drift hits all alike."""
+
+    def __init__(self, srv: SGLangServer) -> None:
+        self.srv = srv
+
+    def _signal(self, sig) -> None:
+        if self.srv.proc is not None and self.srv.proc.poll() is None:
+            os.killpg(self.srv.proc.pid, sig)
+
+    def __enter__(self) -> SGLangServer:
+        self._signal(signal.SIGCONT)
+        return self.srv
+
+    def __exit__(self, *exc) -> None:
+        self._signal(signal.SIGSTOP)
+
+
+def server_for(name: str, m: Path, table: Path, work: Path, maxrun: list[str]):
+    """(server, controller process or None) for one configuration, not started."""
+    # one sequential-head implementation for every DSPARK config (SGLang's), so the
+    # rows differ only in how the verify budget is chosen
+    env = {"SGLANG_DSPARK_LOG_INTERVAL_S": "0", "SGLANG_DSPARK_FUSED_SEQ_HEAD": "upstream"}
+    draft = str(m / "draft")
+    extra = list(maxrun)
+    ctrl = None
+    if name == "nospec":
+        draft = None
+    elif name == "verify_all":
+        env["SGLANG_RAGGED_VERIFY_MODE"] = "static"
+    elif name == "upstream":
+        env.update(SGLANG_RAGGED_VERIFY_MODE="compact", SGLANG_DSPARK_ONLINE="0")
+        extra += ["--speculative-dspark-sps-table-path", str(table)]
+    elif name in ("online", "fixed"):  # fixed: an online server whose budget fraction is pinned
+        env["SGLANG_RAGGED_VERIFY_MODE"] = "compact"
+    elif name in ("online_static", "online_ragged"):  # ablations: full-budget steps static / ragged
+        env.update(SGLANG_RAGGED_VERIFY_MODE="compact",
+                   SGLANG_DSPARK_FULL_BUDGET_STATIC="1" if name == "online_static" else "0")
+    elif name == "controller":
+        addr = f"tcp://127.0.0.1:{free_port()}"
+        ctrl = subprocess.Popen([sys.executable, "-m", "dspark_controller", "serve", "--bind", addr,
+                                 "--no-persist", "--cli-bind", f"ipc://{work}/cli", "--pub-bind",
+                                 f"ipc://{work}/pub"], stdout=subprocess.DEVNULL,
+                                stderr=open(work / "controller.log", "w"))
+        env.update(SGLANG_RAGGED_VERIFY_MODE="compact", SGLANG_DSPARK_CONTROLLER=addr)
+    srv = SGLangServer(model_path=str(m / "target"), draft_path=draft, env=env, extra_args=extra,
+                       log_path=work / f"server-{name}.log")
+    return srv, ctrl
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=str(HERE.parent / "artifacts" / "bench"))
     ap.add_argument("--levels", default="1,4,16,32")
-    ap.add_argument("--tokens-per-level", type=int, default=768,
-                    help="output tokens per measured level (at least two waves)")
+    ap.add_argument("--tokens-per-chunk", type=int, default=256,
+                    help="output tokens per measured chunk (whole waves, at least one)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--configs", default="nospec,verify_all,upstream,online,fixed,controller")
     ap.add_argument("--table", default=str(HERE / "results" / "bench-upstream-sps-table.json"),
                     help="SGLang SPS table for 'upstream' (made by benchmarks/upstream_table.py if missing)")
-    ap.add_argument("--passes", type=int, default=2,
-                    help="full passes over the configurations, alternating their order")
+    ap.add_argument("--rounds", type=int, default=6,
+                    help="rounds; each measures one chunk of every (config, level), in alternating order")
+    ap.add_argument("--warm-waves", type=int, default=2,
+                    help="warm-up ramps (one wave at each level) per server before measuring")
     ap.add_argument("--json", default="")
     ap.add_argument("--png", default="")
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.levels.split(",")]
     configs = args.configs.split(",")
-    unknown = set(configs) - {"nospec", "verify_all", "upstream", "online", "online_ragged", "fixed", "controller"}
+    unknown = set(configs) - {"nospec", "verify_all", "upstream", "online", "online_static", "online_ragged",
+                          "fixed", "controller"}
     if unknown:
         raise SystemExit(f"unknown configs {sorted(unknown)}")
+    if args.rounds < 1 or args.warm_waves < 0 or args.tokens_per_chunk < 1:
+        raise SystemExit("--rounds and --tokens-per-chunk must be >= 1, --warm-waves >= 0")
     m = Path(args.models)
     ensure_pair(m, BENCH_SPEC)
     work = Path(tempfile.mkdtemp(prefix="dspark-bench-"))
@@ -161,75 +231,54 @@ def main(argv=None) -> int:
         print(f"[bench] {table} missing: running SGLang's dspark_sps_profiler (several minutes)", flush=True)
         make_table(models=m, out=table, max_batch=max(levels), log_dir=work)
     maxrun = ["--max-running-requests", str(max(levels))]
-    results: dict = {}
-    plugin: dict = {}
     meta = {"command": "python benchmarks/worker_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "date": time.strftime("%Y-%m-%d %H:%M"), "host": platform.node(), "cpus": os.cpu_count(),
-            "levels": levels, "max_new_tokens": args.max_new_tokens, "tokens_per_level": args.tokens_per_level,
+            "levels": levels, "max_new_tokens": args.max_new_tokens, "tokens_per_chunk": args.tokens_per_chunk,
+            "rounds": args.rounds, "warm_waves": args.warm_waves, "design": "interleaved",
             "table": str(table), "load_avg_start": os.getloadavg()[0]}
-    ctrl = None
-    servers = [c for c in configs if c != "fixed"]
-    if "fixed" in configs and "online" not in servers:
-        servers.append("online")
-    # passes alternate the server order (A B C ... then ... C B A) so slow drift of a
-    # shared machine hits every configuration alike; each pass starts fresh servers
-    order = [(p, name) for p in range(args.passes)
-             for name in (servers if p % 2 == 0 else servers[::-1])]
+    t_start = time.monotonic()
+    servers: dict = {}
+    ctrls: list = []
     raw: dict = {}
     try:
-        for pass_no, name in order:
-            print(f"[bench] pass {pass_no + 1}/{args.passes}: {name}", flush=True)
-            # one sequential-head implementation for every DSPARK config (SGLang's), so the
-            # rows differ only in how the verify budget is chosen
-            env = {"SGLANG_DSPARK_LOG_INTERVAL_S": "0", "SGLANG_DSPARK_FUSED_SEQ_HEAD": "upstream"}
-            draft = str(m / "draft")
-            extra = list(maxrun)
-            if name == "nospec":
-                draft = None
-            elif name == "verify_all":
-                env["SGLANG_RAGGED_VERIFY_MODE"] = "static"
-            elif name == "upstream":
-                env.update(SGLANG_RAGGED_VERIFY_MODE="compact", SGLANG_DSPARK_ONLINE="0")
-                extra += ["--speculative-dspark-sps-table-path", str(table)]
-            elif name == "online":
-                env["SGLANG_RAGGED_VERIFY_MODE"] = "compact"
-            elif name == "online_ragged":  # ablation: full-budget steps keep the ragged layout
-                env.update(SGLANG_RAGGED_VERIFY_MODE="compact", SGLANG_DSPARK_FULL_BUDGET_STATIC="0")
-            elif name == "controller":
-                addr = f"tcp://127.0.0.1:{free_port()}"
-                ctrl = subprocess.Popen([sys.executable, "-m", "dspark_controller", "serve", "--bind", addr,
-                                         "--no-persist", "--cli-bind", f"ipc://{work}/cli{pass_no}", "--pub-bind",
-                                         f"ipc://{work}/pub{pass_no}"], stdout=subprocess.DEVNULL,
-                                        stderr=open(work / "controller.log", "w"))
-                env.update(SGLANG_RAGGED_VERIFY_MODE="compact", SGLANG_DSPARK_CONTROLLER=addr)
-            srv = SGLangServer(model_path=str(m / "target"), draft_path=draft, env=env, extra_args=extra,
-                               log_path=work / f"server-{name}-{pass_no}.log")
-            with srv:
-                warm(srv, levels, args.max_new_tokens)
-                if name != "online" or "online" in configs:
-                    measure(srv, name, levels, args, raw)
-                plugin.setdefault(name, []).append(plugin_state(srv))
-                if name == "online" and "fixed" in configs:
-                    for f in FIXED_FRACS:  # SGLang 0.5.23 cannot un-pin over HTTP: pinned runs go last
-                        r = http_json(srv.url + "/set_internal_state",
-                                      {"server_args": {"dspark_force_budget_frac": f}})
-                        ok = all(bool(x.get("updated")) if isinstance(x, dict) else bool(x)
-                                 for x in (r if isinstance(r, list) else [r]))
-                        if not ok:
-                            raise SystemExit(f"server refused dspark_force_budget_frac={f}: {r}")
-                        measure(srv, f"fixed@{f:g}", levels, args, raw)
-                    plugin.setdefault("fixed", []).append(plugin_state(srv))
+        for name in configs:
+            print(f"[bench] starting {name}", flush=True)
+            srv, ctrl = server_for(name, m, table, work, maxrun)
             if ctrl is not None:
-                ctrl.terminate()
-                ctrl.wait(timeout=30)
-                ctrl = None
+                ctrls.append(ctrl)
+            srv.start()
+            servers[name] = Suspended(srv)
+            with servers[name] as s:   # warm alone (the others are stopped), as in production
+                warm(s, levels, args.max_new_tokens, args.warm_waves)
+        names = list(servers)
+        for rnd in range(args.rounds):
+            print(f"[bench] round {rnd + 1}/{args.rounds}", flush=True)
+            for lv in levels:
+                for name in (names if rnd % 2 == 0 else names[::-1]):
+                    with servers[name] as s:
+                        if name != "fixed":
+                            run_chunk(s, name, lv, args, raw)
+                            continue
+                        for f in FIXED_FRACS:   # a pinned fraction per chunk (SGLang cannot un-pin)
+                            pin_fraction(s, f)
+                            run_chunk(s, f"fixed@{f:g}", lv, args, raw)
+        plugin = {}
+        for name, sus in servers.items():
+            with sus as s:
+                plugin[name] = plugin_state(s)
     finally:
-        if ctrl is not None:
-            ctrl.kill()
+        for sus in servers.values():
+            sus._signal(signal.SIGCONT)
+            sus.srv.stop()
+        for ctrl in ctrls:
+            ctrl.terminate()
+            try:
+                ctrl.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                ctrl.kill()
     meta["load_avg_end"] = os.getloadavg()[0]
-    meta["passes"] = args.passes
+    meta["wall_min"] = round((time.monotonic() - t_start) / 60, 1)
     results = {name: {lv: merge(runs) for lv, runs in per.items()} for name, per in raw.items()}
-    plugin = {name: states[-1] for name, states in plugin.items()}
     summary = summarize(results, plugin, levels)
     report = {"meta": meta, "results": results, "plugin": plugin, "summary": summary}
     print_report(report)
@@ -239,6 +288,18 @@ def main(argv=None) -> int:
     if args.png:
         plot(report, Path(args.png))
     return 0
+
+
+def paired(mine: dict, ref: dict) -> dict:
+    """Per-round ratios of two configurations at one level: median, min, max and the
+    standard error of their mean."""
+    a, b = mine.get("per_round_tok_s", []), ref.get("per_round_tok_s", [])
+    r = np.array([x / y for x, y in zip(a, b)]) if a and len(a) == len(b) else np.array([])
+    if r.size == 0:
+        return {}
+    se = float(r.std(ddof=1) / math.sqrt(r.size)) if r.size > 1 else None
+    return {"n": int(r.size), "median": float(np.median(r)), "min": float(r.min()),
+            "max": float(r.max()), "se": se}
 
 
 def summarize(results: dict, plugin: dict, levels: list[int]) -> dict:
@@ -257,11 +318,15 @@ def summarize(results: dict, plugin: dict, levels: list[int]) -> dict:
         for lv in levels:
             mine = results[ours][lv]["tok_s"]
             row = {}
-            for ref in ("verify_all", "upstream"):
-                if ref in results:
-                    row[f"vs_{ref}"] = mine / results[ref][lv]["tok_s"]
+            refs = [r for r in ("verify_all", "upstream") if r in results]
+            for ref in refs:
+                row[f"vs_{ref}"] = mine / results[ref][lv]["tok_s"]
             if lv in best:
                 row["vs_best_fixed"] = mine / best[lv]["tok_s"]
+                refs.append(best[lv]["config"])
+            # paired per-round ratios (chunks of one round ran minutes apart at most): their
+            # spread says how far the pooled ratio can be trusted
+            row["rounds"] = {ref: paired(results[ours][lv], results[ref][lv]) for ref in refs}
             row["ok"] = (all(row.get(f"vs_{r}", 1.0) >= 1.0 for r in ("verify_all", "upstream"))
                          and row.get("vs_best_fixed", 1.0) >= 0.98)
             t[lv] = row
@@ -293,14 +358,17 @@ def print_report(report: dict) -> None:
             acc = f"{r['accept_len']:.2f}" if "accept_len" in r else "-"
             cells.append(f"{r['tok_s'] / b['tok_s']:5.2f}|{r['tok_s_per_user'] / b['tok_s_per_user']:5.2f}|{acc:>5}")
         print(f"{name:>12} " + " ".join(f"{c:>20}" for c in cells))
-    spread = [max(r["per_pass_tok_s"]) / min(r["per_pass_tok_s"]) - 1 for row in res.values()
-              for r in row.values() if len(r.get("per_pass_tok_s", [])) > 1]
-    if spread:
-        print(f"run-to-run noise: the passes of one (config, level) differ by {100 * np.median(spread):.1f}% "
-              f"(median), {100 * max(spread):.1f}% (max)")
+    cv = [np.std(r["per_round_tok_s"], ddof=1) / np.mean(r["per_round_tok_s"]) for row in res.values()
+          for r in row.values() if len(r.get("per_round_tok_s", [])) > 2]
+    if cv:
+        print(f"chunk-to-chunk noise: coefficient of variation of one (config, level) over the rounds "
+              f"{100 * np.median(cv):.1f}% (median), {100 * max(cv):.1f}% (max)")
     for ours, t in s["targets"].items():
         for lv, row in t.items():
-            parts = " ".join(f"{k}={v:.3f}" for k, v in row.items() if k != "ok")
+            parts = " ".join(f"{k}={v:.3f}" for k, v in row.items() if k.startswith("vs_"))
+            rnd = row.get("rounds", {}).get("verify_all") or {}
+            if rnd.get("se") is not None:
+                parts += f" (paired vs verify_all: median {rnd['median']:.3f}, +-{2 * rnd['se']:.3f} 2se)"
             bf = s["best_fixed"].get(lv, {}).get("config")
             print(f"target {ours:>10} c={lv:<3} {parts} (best fixed: {bf}) -> {'OK' if row['ok'] else 'MISSED'}")
     if "overhead" in s:

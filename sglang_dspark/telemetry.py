@@ -73,6 +73,10 @@ class StepStats:
         self._recent: deque = deque(maxlen=window)
         self.last_log = 0.0
 
+    @property
+    def last_record(self) -> Optional[StepRecord]:
+        return self._recent[-1][0] if self._recent else None
+
     def add(self, rec: StepRecord, model_pred: Optional[float]) -> None:
         self.steps += 1
         err = None

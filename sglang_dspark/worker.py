@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import Optional
 
 from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
 
@@ -200,7 +201,8 @@ class DSparkControlledWorker(DSparkWorkerV2):
                 "local_profile": None if model is None else {
                     "ready": model.ready, "samples": model.steps,
                     "heldout_error": model.heldout_error().to_dict() if model.steps else None,
-                    "prior": model.prior_description},
+                    "prior": model.prior_description,
+                    "curve_at_last_load": self._curve_at_last_load()},
                 "controller": None if self._link is None else self._link.state(),
                 "host_overhead": self._overhead(),
                 "full_budget_static_steps": (None if self._full_budget_layout is None
@@ -210,6 +212,17 @@ class DSparkControlledWorker(DSparkWorkerV2):
                                          else self._online_planner.calibrator.summary()),
             })
         return state
+
+    def _curve_at_last_load(self) -> Optional[dict]:
+        """The local profile's predicted step time at the latest step's request count, for
+        budgets of 0, 1/4, ... all of the draft tokens: what the planner trades against."""
+        model, last = self._local_model, self._stats.last_record
+        if model is None or not model.ready or last is None or not last.num_requests:
+            return None
+        r, gamma = int(last.num_requests), int(self.verify_num_draft_tokens) - 1
+        bs = [r + (r * gamma * q) // 4 for q in range(5)]
+        return {"num_requests": r, "batch_tokens": bs,
+                "predicted_step_ms": [round(1e3 * float(model.predict_step_time(r, b)), 3) for b in bs]}
 
     def _overhead(self) -> dict:
         """Mean host time per decode step spent in our code: the budget planning call
@@ -230,26 +243,26 @@ class DSparkControlledWorker(DSparkWorkerV2):
 
 
 def _full_budget_static_default(device) -> bool:
-    """``SGLANG_DSPARK_FULL_BUDGET_STATIC``: 1 | 0 | auto (default 0, off; auto = on for CPU devices)."""
+    """``SGLANG_DSPARK_FULL_BUDGET_STATIC``: 1 | 0 | auto (default auto: on for CPU devices,
+    where the interleaved benchmark measured it faster at every level; off elsewhere until
+    a GPU measurement says so)."""
     import torch
 
-    v = os.environ.get("SGLANG_DSPARK_FULL_BUDGET_STATIC", "0").strip().lower()
+    v = os.environ.get("SGLANG_DSPARK_FULL_BUDGET_STATIC", "auto").strip().lower()
     if v in ("1", "true", "on"):
         return True
     if v in ("0", "false", "off"):
         return False
     if v != "auto":
         raise ValueError(f"SGLANG_DSPARK_FULL_BUDGET_STATIC must be 1, 0 or auto, got {v!r}")
-    # experimental: off by default until a benchmark shows a gain (docs/worker.md)
-    return torch.device(device).type == "cpu"
+    return torch.device(device).type == "cpu"   # docs/worker.md: the A/B behind this default
 
 
 class _FullBudgetStatic:
     """Wraps the verify planner's ``schedule_layout``: a step whose budget verifies every
     draft token gets no ragged layout, so SGLang runs it on its uniform (static) verify
     path, as it already does in compact mode when a layout exceeds the captured grid.  On
-    CPU that path is cheaper than a full ragged layout (benchmarks: compact at full budget
-    ~8% slower than static at one request).  Same tokens verified, same acceptance rule."""
+    CPU that path is cheaper than a full ragged layout (~11% at one request, ~8% at 16-32).  Same tokens verified, same acceptance rule."""
 
     def __init__(self, inner, *, gamma: int) -> None:
         self.inner = inner

@@ -47,6 +47,20 @@ logger = logging.getLogger("dspark_controller.client")
 CurveKeys = Union[tuple[bytes, bytes], str, os.PathLike]
 
 
+
+def carry_curve(prev: Optional[BudgetDecision], msg: BudgetDecision) -> BudgetDecision:
+    """The controller sends its curve only when it changed (or R did): carry the previous
+    decision's curve forward into ``msg`` where it still applies: the additive form for the
+    same profile, the per-R table only for the same profile and request count."""
+    if prev is None or prev.profile_key != msg.profile_key:
+        return msg
+    upd: dict = {}
+    if msg.sps_table is None and prev.sps_table is not None and prev.num_requests == msg.num_requests:
+        upd["sps_table"] = prev.sps_table
+    if msg.sps_additive is None and prev.sps_additive is not None:
+        upd["sps_additive"] = prev.sps_additive
+    return msg.model_copy(update=upd) if upd else msg
+
 class ControllerClient:
     """Connects one engine (one scheduler rank) to the DSpark controller.
 
@@ -284,11 +298,7 @@ class ControllerClient:
                         msg = self._decode(frames, (BudgetDecision, ProfileUpdate), topic=True)
                         if isinstance(msg, BudgetDecision) and msg.engine_id == self.engine_id:
                             prev = self._decision
-                            if (msg.sps_table is None and prev is not None and prev[0].sps_table is not None
-                                    and prev[0].num_requests == msg.num_requests
-                                    and prev[0].profile_key == msg.profile_key):
-                                # the controller sends the curve only when it changes: carry it forward
-                                msg = msg.model_copy(update={"sps_table": prev[0].sps_table})
+                            msg = carry_curve(None if prev is None else prev[0], msg)
                             self._decision = (msg, time.monotonic())
                             self._counters["decisions_received"] += 1
                         elif isinstance(msg, ProfileUpdate) and msg.profile_key == self.profile_key:

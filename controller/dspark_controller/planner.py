@@ -534,6 +534,26 @@ def exploration_probability(config: Any, steps: int) -> float:
     return float(config.explore_prob) if steps < config.explore_until_steps else 0.0
 
 
+def explore_budget(model: Any, *, num_req: int, full: int, rng: Any) -> int:
+    """An exploration step's K in ``[0, full]``, from one ``rng.random()`` draw.
+
+    Half the exploration steps take the budget whose ``(R, B = R + K)`` profile cell has the
+    fewest (forgotten) samples (ties split by the same draw), so exploring fills the profile
+    where it is blind: a curve region nobody measured is extrapolated, e.g. into "drafts are
+    too expensive", and nothing would correct it.  The other half take a uniform K, so the
+    whole curve keeps being re-measured (after a drift every cell is stale, not just thin).
+    Uniform always when the model keeps no cells."""
+    full = max(int(full), 0)
+    u = float(rng.random())
+    weights = getattr(model, "cell_weights", None)
+    if weights is None or full == 0 or u >= 0.5:
+        v = (u - 0.5) * 2.0 if u >= 0.5 else u * 2.0
+        return min(int(v * (full + 1)), full)
+    w = np.asarray(weights(int(num_req), int(num_req) + np.arange(full + 1)), dtype=np.float64)
+    ties = np.flatnonzero(w <= w.min() + 1e-9)
+    return int(ties[min(int(u * 2.0 * len(ties)), len(ties) - 1)])
+
+
 def budget_from_controller(d: Any, *, num_req: int, full: int, rng: Any,
                            plan: Callable[[SpsFn, Optional[float]], Any]) -> Optional[tuple[int, Any]]:
     """K from a fresh controller decision ``d``, or None when it says nothing for this batch.

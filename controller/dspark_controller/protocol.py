@@ -291,7 +291,8 @@ class BudgetDecision(_Msg):
     reason: str = Field(default="", max_length=2048)
 
     def sps_function(self, num_requests: Optional[int] = None) -> Any:
-        """``B -> steps/s`` from the shipped curve (additive form when R differs), or None."""
+        """``B -> steps/s`` at ``num_requests`` from the shipped curve: the table when R is the
+        decision's own, else the additive form (valid at every R); None when neither fits."""
         r = self.num_requests if num_requests is None else int(num_requests)
         if self.sps_additive is not None and (self.sps_table is None or r != self.num_requests):
             a = self.sps_additive
@@ -309,8 +310,9 @@ class BudgetDecision(_Msg):
 
             floor = a.bias_seconds + interp(a.bs_probes, a.alpha_seconds, float(r))
             return lambda b: 1.0 / max(floor + interp(a.m_probes, a.theta_seconds, float(b)), 1e-12)
-        if self.sps_table is not None:
+        if self.sps_table is not None and r == self.num_requests:
             return self.sps_table.lookup
+        # a table is the curve at the decision's own R: never apply it to another batch size
         return None
 
 

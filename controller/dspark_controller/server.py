@@ -47,7 +47,7 @@ from .protocol import (
     DEFAULT_MAX_MESSAGE_BYTES, BudgetDecision, DecodeError, DropCounter, EngineFingerprint,
     EngineStatus, ErrorReply, Heartbeat, HeartbeatAck, PolicySpec, ProfileReply, ProfileRequest, ProfileStatus,
     ProfileUpdate,
-    RateLimitedLog, Register, RegisterAck, SetPolicy, SetPolicyReply, SpsTable, StatusReply,
+    RateLimitedLog, Register, RegisterAck, SetPolicy, SetPolicyReply, SpsAdditiveTable, SpsTable, StatusReply,
     StatusRequest, StepTelemetry, TelemetryBatch, decode_frames, encode, encode_pub,
 )
 from .sps_model import PriorCurve, SpsModel, SpsModelConfig
@@ -577,20 +577,23 @@ class Controller:
         common = dict(engine_id=eng.engine_id, profile_key=prof.key, policy=pol, seq=eng.decision_seq + 1,
                       issued_at=time.time(), valid_for_s=self.config.decision_valid_s, num_requests=R,
                       explore_prob=pol.explore_prob)
-        table = None
+        table = additive = None
         now = time.monotonic()
         send_table = (prof.publish_seq != eng.table_profile_seq or R != getattr(eng.last_decision, "num_requests", -1)
                       or now - eng.table_sent_at >= self.config.profile_publish_s)
         if model.ready and R >= 1 and send_table:
             table = SpsTable(**model.to_sglang_cost_table(num_requests=R, b_min=R, b_max=R * (g + 1)))
+            # the whole curve, valid at every R: the worker's batch often differs from R by
+            # the time it plans (requests join and finish between decisions)
+            additive = SpsAdditiveTable(**model.to_sglang_additive_table())
             eng.table_sent_at = now
             eng.table_profile_seq = prof.publish_seq
         if pol.mode == "off":
-            return BudgetDecision(**common, verify_all=True, budget_tokens=full, budget_frac=1.0, sps_table=table,
+            return BudgetDecision(**common, verify_all=True, budget_tokens=full, budget_frac=1.0, sps_table=table, sps_additive=additive,
                                   reason="policy off: verify every draft token")
         if pol.mode == "fixed":
             k = int(math.floor(float(pol.frac) * full + 1e-9))
-            return BudgetDecision(**common, budget_tokens=k, budget_frac=float(pol.frac), sps_table=table,
+            return BudgetDecision(**common, budget_tokens=k, budget_frac=float(pol.frac), sps_table=table, sps_additive=additive,
                                   reason=f"fixed fraction {pol.frac:g} of {full} draft tokens")
         cap = pol.max_tokens if pol.mode == "cap" else None
         if not model.ready:
@@ -599,7 +602,7 @@ class Controller:
                                   reason=(f"profile {prof.key} warming up ({model.steps}/"
                                           f"{model.config.min_ready_samples} samples, no prior): verify all"))
         if R == 0:
-            return BudgetDecision(**common, budget_tokens=0, max_budget_tokens=cap, sps_table=table,
+            return BudgetDecision(**common, budget_tokens=0, max_budget_tokens=cap, sps_table=table, sps_additive=additive,
                                   reason="no running requests")
         acc = eng.acceptance()
         confidences = np.tile(acc, (R, 1))
@@ -614,7 +617,7 @@ class Controller:
             reason += "; SLA floor unreachable at this load"
         return BudgetDecision(**common, budget_tokens=lb.budget_tokens,
                               budget_frac=(lb.budget_tokens / full) if full else None,
-                              max_budget_tokens=cap, sps_table=table, expected_tau=lb.expected_tau,
+                              max_budget_tokens=cap, sps_table=table, sps_additive=additive, expected_tau=lb.expected_tau,
                               predicted_throughput=lb.predicted_throughput, reason=reason[:2048])
 
     def _publish_decision(self, eng: _Engine, now: float) -> None:

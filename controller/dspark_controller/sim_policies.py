@@ -38,8 +38,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .planner import (budget_from_controller, compute_lagged_budget, exploration_probability, plan_lagged,
-                      sps_from_pairs, survival_to_confidences)
+from .planner import (budget_from_controller, compute_lagged_budget, explore_budget, exploration_probability,
+                      plan_lagged, sps_from_pairs, survival_to_confidences)
 
 __all__ = ["Backend", "PlannerBrain", "make_policy", "POLICY_NAMES", "BrainConfig", "SimController",
            "resolve_backend"]
@@ -86,18 +86,19 @@ class PlannerBrain:
             return None
         num_req = int(survival.shape[0])
         full = int(survival[:, :max_len].size)
+        model = self.local_model
+        if model is not None:
+            p = exploration_probability(self.config, model.steps)
+            if p > 0 and self._rng.random() < p:
+                return self._note("explore", _Decision(explore_budget(model, num_req=num_req, full=full,
+                                                                      rng=self._rng)))
         decision = self.latest_decision(self.config.decision_max_age_s) if self.latest_decision else None
         if decision is not None:
             out = self._from_controller(decision, survival, max_len, num_req, full)
             if out is not None:
                 return self._note("controller", out)
-        model = self.local_model
         if model is None:
             return None
-        p = exploration_probability(self.config, model.steps)
-        if p > 0 and self._rng.random() < p:
-            k = self._rng.randint(0, full)
-            return self._note("explore", _Decision(k))
         if not model.ready:
             return None
         return self._note("local", self._argmax(survival, max_len, model.sps_function(num_req)))
@@ -288,6 +289,8 @@ class SimController:
 
     def latest(self, idx: int, now: float, R: int) -> Optional[Any]:
         """The decision the worker holds at ``now`` (refreshed every ``interval``)."""
+        from .client import carry_curve
+
         eng = self._engine(idx)
         last = self.decisions.get(idx)
         if last is None or now - last[0] >= self.interval:
@@ -295,6 +298,8 @@ class SimController:
             d = self.ctrl.decide(eng)
             eng.decision_seq = d.seq
             eng.last_decision = d
+            # the worker's client carries the last curve forward, exactly so
+            d = carry_curve(None if last is None else last[1], d)
             self.decisions[idx] = (now, d)
             last = self.decisions[idx]
         return last[1]
@@ -345,6 +350,8 @@ class UpstreamPolicy(Policy):
 
 class OnlinePolicy(Policy):
     """Our worker without a controller: ``BudgetBrain`` over its own online ``SpsModel``."""
+
+    worker_brain = True      # our worker's planning path (Scenario.full_budget_static applies)
 
     name = "online"
 

@@ -235,7 +235,9 @@ class Scenario:
     levels: list = field(default_factory=lambda: [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256])
     steps: int = 1200                        # decode steps per level (engine 0), steady state
     warmup_frac: float = 0.25
-    warmup_level: Optional[int] = 8          # a warm-up run before the sweep (as worker_bench does)
+    warmup_level: Any = 8                    # a warm-up run before the sweep at this level, or a
+                                             # list of levels run in order (a ramp, as worker_bench does)
+    warmup_requests_per_user: Optional[int] = None  # finite warm-up runs: requests per user (None: the workload's)
     warmup_steps: int = 400
     step_noise: float = 0.03                 # log-normal sigma of measured step times
     sla_floor: Optional[float] = 80.0        # the 'sla' policy's floor (tokens/s per user)
@@ -244,6 +246,9 @@ class Scenario:
     send_verify_lens: bool = False           # telemetry as the worker sends it today (no verify_lens)
     upstream_table: Any = "static-probe"     # 'static-probe' (measured at start) | path | dict
     lag_steps: int = 2
+    # our worker's SGLANG_DSPARK_FULL_BUDGET_STATIC (default on for CPU devices): its steps whose
+    # budget covers every draft token run SGLang's static path and cost a static-mode step
+    full_budget_static: bool = False
     seed: int = 0
     description: str = ""
     base_dir: Optional[str] = None           # where a scenario file's relative paths resolve
@@ -317,7 +322,9 @@ def scenario_from_dict(data: dict, base_dir: Optional[Path] = None) -> Scenario:
     bad = set(data) - known
     if bad:
         raise ValueError(f"unknown scenario field(s) {sorted(bad)}; known: {sorted(known)}")
-    return replace(sc, base_dir=None if base_dir is None else str(base_dir), **data)
+    out = replace(sc, base_dir=None if base_dir is None else str(base_dir), **data)
+    _warmup_levels(out)   # validate here, with the file's name in the caller's error
+    return out
 
 
 def build_cost(sc: Scenario) -> CostModel:
@@ -566,7 +573,11 @@ class _Run:
                     r.hist.append(live[i].astype(np.float32))
             accepted = np.minimum(acc_full, lengths)
         B = R + K
-        t_true = float(self.true_step(kind, R, B, ctx_sum, now))
+        step_kind = kind
+        if (kind == "dspark" and self.sc.full_budget_static and getattr(pol, "worker_brain", False)
+                and K >= R * g):
+            step_kind = "static"
+        t_true = float(self.true_step(step_kind, R, B, ctx_sum, now))
         dt = self.noisy(t_true)
         end = now + dt
         gained = accepted + 1
@@ -812,10 +823,13 @@ def run_frontier(sc: Scenario, *, policies: Sequence[str] = DEFAULT_POLICIES, ba
         shared: dict = {}
         engines = _make_engines(sc, cost, name, be, shared, table, sc.seed)
         t = 0.0
-        if sc.warmup_level:
-            w = _Run(sc, cost, domains, _fresh(engines), arrival="closed", level=sc.warmup_level, t0=t,
-                     seed=sc.seed + 999, steps=None if finite else sc.warmup_steps, warmup_steps=0, drift=Drift(),
-                     drift_at_step=None, prompt_scale_after_drift=1.0)
+        warm_sc = sc
+        if sc.warmup_requests_per_user is not None and finite:
+            warm_sc = replace(sc, workload=replace(sc.workload, requests_per_user=int(sc.warmup_requests_per_user)))
+        for wi, wlv in enumerate(_warmup_levels(sc)):
+            w = _Run(warm_sc, cost, domains, _fresh(engines), arrival="closed", level=float(wlv), t0=t,
+                     seed=sc.seed + 999 + wi, steps=None if finite else sc.warmup_steps, warmup_steps=0,
+                     drift=Drift(), drift_at_step=None, prompt_scale_after_drift=1.0)
             t = w.run(be)
         for lv in levels:
             t0 = _time.perf_counter()
@@ -831,6 +845,20 @@ def run_frontier(sc: Scenario, *, policies: Sequence[str] = DEFAULT_POLICIES, ba
                 progress(f"[{pi + 1}/{len(policies)}] {name:>10} {arrival} {lv:>6g}: {res.throughput:10.1f} tok/s, "
                          f"{res.per_user:7.1f} tok/s/user, budget/req {res.budget_per_request:4.2f}, "
                          f"tau {res.tau:4.2f} ({res.wall_s:.1f}s)")
+    return out
+
+
+def _warmup_levels(sc: Scenario) -> list[int]:
+    """The warm-up levels of a scenario: none, one, or a ramp (validated: positive integers)."""
+    wl = sc.warmup_level
+    if not wl:
+        return []
+    levels = list(wl) if isinstance(wl, (list, tuple)) else [wl]
+    out = []
+    for x in levels:
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or int(x) != x or int(x) < 1:
+            raise ValueError(f"warmup_level must be a positive integer or a list of them, got {wl!r}")
+        out.append(int(x))
     return out
 
 

@@ -770,6 +770,14 @@ class SpsModel:
         p = self.predict_step_time(np.asarray(num_requests), np.asarray(batch_tokens))
         return ErrorSummary.from_relative_errors((p - t) / t)
 
+    def cell_weights(self, num_requests: int, batch_tokens: Any) -> np.ndarray:
+        """Effective (forgotten) sample count of the ``(R, B)`` cell of each batch size in
+        ``batch_tokens`` at ``num_requests`` requests (exploration fills the thinnest)."""
+        rb = int(self._r_bin_np[min(max(int(num_requests), 0), self._r_top)])
+        b = np.clip(np.asarray(batch_tokens, dtype=np.int64), 0, self._b_top - 1)
+        row = self._w[rb] * np.power(self._lam, (self.steps - self._last[rb]).astype(np.float64))
+        return row[self._b_bin_np[b]]
+
     def bin_weights(self) -> np.ndarray:
         """Effective (forgotten) sample count per B-bin."""
         return self._decayed_weights().sum(axis=0)

@@ -75,3 +75,33 @@ def test_survival_to_confidences_inverts_cumprod():
     conf = np.array([[0.9, 0.5, 0.8], [1.0, 0.2, 0.0]])
     back = survival_to_confidences(np.cumprod(conf, axis=1))
     assert np.allclose(back[0], conf[0]) and np.allclose(back[1, :2], conf[1, :2])
+
+
+def test_full_budget_static_default_and_env(monkeypatch):
+    from sglang_dspark.worker import _full_budget_static_default
+
+    monkeypatch.delenv("SGLANG_DSPARK_FULL_BUDGET_STATIC", raising=False)
+    assert _full_budget_static_default("cpu") is True          # auto: on for CPU devices
+    assert _full_budget_static_default("cuda") is False        # ... off elsewhere (unmeasured)
+    monkeypatch.setenv("SGLANG_DSPARK_FULL_BUDGET_STATIC", "0")
+    assert _full_budget_static_default("cpu") is False
+    monkeypatch.setenv("SGLANG_DSPARK_FULL_BUDGET_STATIC", "on")
+    assert _full_budget_static_default("cuda") is True
+    monkeypatch.setenv("SGLANG_DSPARK_FULL_BUDGET_STATIC", "sometimes")
+    with pytest.raises(ValueError, match="must be 1, 0 or auto"):
+        _full_budget_static_default("cpu")
+
+
+def test_full_budget_static_wrapper_skips_the_layout_only_at_full_budget():
+    from sglang_dspark.worker import _FullBudgetStatic
+
+    calls = []
+    wrap = _FullBudgetStatic(lambda **kw: calls.append(kw) or "ragged", gamma=4)
+    rows = torch.arange(3)
+    assert wrap(budget=12, req_pool_indices=rows) is None and wrap.last_static   # 3 x 4: full
+    assert wrap(budget=11, req_pool_indices=rows) == "ragged" and not wrap.last_static
+    # DP tiers or a global batch larger than this rank's keep SGLang's layout
+    assert wrap(budget=12, req_pool_indices=rows, dp_tier_num_tokens=[15]) == "ragged"
+    assert wrap(budget=12, req_pool_indices=rows, global_num_reqs=5) == "ragged"
+    assert wrap(budget=None, req_pool_indices=rows) == "ragged"
+    assert wrap.static_steps == 1 and len(calls) == 4
