@@ -11,16 +11,17 @@ a *live* SPS curve: it reads a static table (none = verify all).
 the choice of K changes.  K comes from, in order:
 
 1. the operator's forced fraction (SGLang's ``dspark_force_budget_frac``);
-2. exploration, on a scheduled fraction of steps whoever decides: the budget whose
-   profile cell has the fewest samples (:func:`~dspark_controller.planner.explore_budget`);
-   then a fresh controller decision (``verify_all``, fixed fraction, a budget for this
+2. exploration, on a scheduled fraction of steps whoever decides below (half on the
+   budget whose profile cell has the fewest samples, half uniform:
+   :func:`~dspark_controller.planner.explore_budget`);
+3. a fresh controller decision (``verify_all``, fixed fraction, a budget for this
    many requests, or the controller's learned curve planned locally);
-3. the worker's own online :class:`~dspark_controller.sps_model.SpsModel`, learned
+4. the worker's own online :class:`~dspark_controller.sps_model.SpsModel`, learned
    from this engine's measured steps (no controller and no table needed);
-4. SGLang's static table (upstream behaviour; none = verify all).
+5. SGLang's static table (upstream behaviour; none = verify all).
 
 Lossless: every input to K (lagged confidences, profiles, policies, exploration
-coin flips from a private RNG) exists before the current step's draft tokens are
+draws from a private RNG and the profile's past sample counts) exists before the current step's draft tokens are
 sampled, so K never depends on them.  The current step's tokens only enter through
 SGLang's top-K admission, exactly as upstream.
 """
@@ -42,8 +43,8 @@ from sglang.srt.speculative.dspark_components.dspark_planner import (
     compute_verify_token_budget,
 )
 
-from dspark_controller.planner import (budget_from_controller, compute_lagged_budget, explore_budget,
-                                       exploration_probability)
+from dspark_controller.planner import (_operator_pinned, budget_from_controller, compute_lagged_budget,
+                                       explore_budget, exploration_probability)
 from dspark_controller.planner import survival_to_confidences as _survival_to_confidences
 
 logger = logging.getLogger(__name__)
@@ -196,14 +197,15 @@ class BudgetBrain:
         num_req = int(survival.shape[0])
         full = self._max_tokens(survival, max_len)
         model = self.local_model
+        decision = self.latest_decision(self.config.decision_max_age_s) if self.latest_decision else None
         # exploration first, whoever decides: it keeps the local fallback profile informed
-        # and puts the unseen budgets into the telemetry the controller learns from
-        if model is not None:
+        # and puts the unseen budgets into the telemetry the controller learns from; not
+        # when the operator pinned the policy (off = verify all, or a fixed fraction)
+        if model is not None and not _operator_pinned(decision):
             p = exploration_probability(self.config, model.steps)
             if p > 0 and self._rng.random() < p:
                 k = explore_budget(model, num_req=num_req, full=full, rng=self._rng)
                 return self._note("explore", VerifyBudgetDecision(budget=k))
-        decision = self.latest_decision(self.config.decision_max_age_s) if self.latest_decision else None
         if decision is not None:
             out = self._from_controller(decision, survival, max_len, num_req, full)
             if out is not None:

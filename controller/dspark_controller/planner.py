@@ -534,6 +534,12 @@ def exploration_probability(config: Any, steps: int) -> float:
     return float(config.explore_prob) if steps < config.explore_until_steps else 0.0
 
 
+def _operator_pinned(decision: Any) -> bool:
+    """A controller decision whose policy the operator pinned (``off``: verify all, or a
+    ``fixed`` fraction): the worker applies it as is, without exploring."""
+    return decision is not None and getattr(getattr(decision, "policy", None), "mode", None) in ("off", "fixed")
+
+
 def explore_budget(model: Any, *, num_req: int, full: int, rng: Any) -> int:
     """An exploration step's K in ``[0, full]``, from one ``rng.random()`` draw.
 

@@ -38,8 +38,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .planner import (budget_from_controller, compute_lagged_budget, explore_budget, exploration_probability,
-                      plan_lagged, sps_from_pairs, survival_to_confidences)
+from .planner import (_operator_pinned, budget_from_controller, compute_lagged_budget, explore_budget,
+                      exploration_probability, plan_lagged, sps_from_pairs, survival_to_confidences)
 
 __all__ = ["Backend", "PlannerBrain", "make_policy", "POLICY_NAMES", "BrainConfig", "SimController",
            "resolve_backend"]
@@ -87,12 +87,12 @@ class PlannerBrain:
         num_req = int(survival.shape[0])
         full = int(survival[:, :max_len].size)
         model = self.local_model
-        if model is not None:
+        decision = self.latest_decision(self.config.decision_max_age_s) if self.latest_decision else None
+        if model is not None and not _operator_pinned(decision):
             p = exploration_probability(self.config, model.steps)
             if p > 0 and self._rng.random() < p:
                 return self._note("explore", _Decision(explore_budget(model, num_req=num_req, full=full,
                                                                       rng=self._rng)))
-        decision = self.latest_decision(self.config.decision_max_age_s) if self.latest_decision else None
         if decision is not None:
             out = self._from_controller(decision, survival, max_len, num_req, full)
             if out is not None:

@@ -241,3 +241,34 @@ def test_empty_batch():
     p = plan_exact([], APPENDIX_A)
     assert p.lengths == () and p.predicted_throughput == 0.0
     assert math.isfinite(plan_lagged([], APPENDIX_A, budget=3).expected_tau)
+
+
+class _Draw:
+    """An rng whose random() returns the given values in turn."""
+
+    def __init__(self, *vals):
+        self.vals = list(vals)
+
+    def random(self):
+        return self.vals.pop(0)
+
+
+def test_explore_budget_fills_the_thinnest_profile_cell_on_half_the_draws():
+    from dspark_controller.planner import explore_budget
+    from dspark_controller.sps_model import SpsModel
+
+    m = SpsModel()
+    for _ in range(50):                          # R = 4 measured only at B = 4..12 (budgets 0..8)
+        for b in range(4, 13):
+            m.update(4, b, 0.01 + 0.001 * b)
+    full = 16
+    # u < 0.5: a budget whose cell has no samples: B = 13..20, i.e. K = 9..16
+    for u in (0.0, 0.2, 0.49):
+        k = explore_budget(m, num_req=4, full=full, rng=_Draw(u))
+        assert 9 <= k <= full, (u, k)
+    # u >= 0.5: uniform over 0..full (so stale cells get re-measured too)
+    ks = [explore_budget(m, num_req=4, full=full, rng=_Draw(0.5 + 0.5 * (i + 0.5) / 17)) for i in range(17)]
+    assert ks == list(range(17))
+    # a model without cells: uniform on every draw; never outside [0, full]
+    assert explore_budget(object(), num_req=4, full=full, rng=_Draw(0.999999)) == full
+    assert explore_budget(m, num_req=4, full=0, rng=_Draw(0.3)) == 0

@@ -195,3 +195,54 @@ def test_profile_update_rebuilds_model():
     got = decode_frames(frames, topic_frame=True).to_sps_model()
     assert got.predict_step_time(16, 100) == pytest.approx(m.predict_step_time(16, 100), rel=1e-12)
     assert len(frames[1]) < 64_000
+
+
+def _decision(R: int, **kw) -> BudgetDecision:
+    fp = fingerprint()
+    return BudgetDecision(engine_id="e0", profile_key=fp.profile_key(), policy=PolicySpec(), seq=1, issued_at=1.0,
+                          valid_for_s=5.0, num_requests=R, **kw)
+
+
+def _learned_model() -> SpsModel:
+    m = SpsModel()
+    rng = np.random.default_rng(0)
+    for _ in range(600):
+        r = int(rng.integers(1, 33))
+        b = int(rng.integers(r, 5 * r + 1))
+        m.update(r, b, 0.01 + 0.002 * r + 0.0005 * b)
+    return m
+
+
+def test_decision_curve_is_never_applied_at_another_batch_size():
+    from dspark_controller.protocol import SpsAdditiveTable, SpsTable
+
+    m = _learned_model()
+    table = SpsTable(**m.to_sglang_cost_table(num_requests=4, b_min=4, b_max=20))
+    d = _decision(4, sps_table=table)
+    assert d.sps_function(4) is not None and d.sps_function(4)(12) == pytest.approx(table.lookup(12))
+    # the R = 4 table says nothing about R = 32 (it used to be applied there, clamped at B = 20)
+    assert d.sps_function(32) is None
+    add = SpsAdditiveTable(**m.to_sglang_additive_table())
+    d = _decision(4, sps_table=table, sps_additive=add)
+    f = d.sps_function(32)
+    for b in (32, 80, 160):
+        assert 1.0 / f(b) == pytest.approx(float(m.predict_step_time(32, b)), rel=0.03)
+
+
+def test_client_carries_the_curve_forward_only_where_it_applies():
+    from dspark_controller.client import carry_curve
+    from dspark_controller.protocol import SpsAdditiveTable, SpsTable
+
+    m = _learned_model()
+    table = SpsTable(**m.to_sglang_cost_table(num_requests=4, b_min=4, b_max=20))
+    add = SpsAdditiveTable(**m.to_sglang_additive_table())
+    prev = _decision(4, sps_table=table, sps_additive=add)
+    same_r = carry_curve(prev, _decision(4))
+    assert same_r.sps_table == table and same_r.sps_additive == add
+    other_r = carry_curve(prev, _decision(9))
+    assert other_r.sps_table is None and other_r.sps_additive == add        # the table is R = 4's
+    fresh = _decision(9, sps_additive=SpsAdditiveTable(**_learned_model().to_sglang_additive_table()))
+    assert carry_curve(prev, fresh) is fresh                                  # newer curve wins
+    other_profile = _decision(4).model_copy(update={"profile_key": "another-profile"})
+    assert carry_curve(prev, other_profile).sps_additive is None
+    assert carry_curve(None, other_profile) is other_profile

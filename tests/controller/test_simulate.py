@@ -247,3 +247,25 @@ def test_planner_path_equals_the_workers_own_code():
         assert x.throughput == pytest.approx(y.throughput, rel=1e-12), x.policy
         assert x.budget_per_request == pytest.approx(y.budget_per_request, rel=1e-12), x.policy
         assert x.sources == y.sources
+
+
+def test_warmup_ramp_is_validated_and_full_budget_static_steps_cost_a_static_step(monkeypatch):
+    import dspark_controller.simulate as S
+    from dspark_controller.sim_roofline import ProfileCost
+
+    with pytest.raises(ValueError, match="warmup_level"):
+        scenario_from_dict({"base": "gpu-70b-h200", "warmup_level": [1, 0]})
+    with pytest.raises(ValueError, match="warmup_level"):
+        scenario_from_dict({"base": "gpu-70b-h200", "warmup_level": "eight"})
+    assert scenario_from_dict({"base": "gpu-70b-h200", "warmup_level": [1, 4, 16]}).warmup_level == [1, 4, 16]
+    # flat compact curve (every token free: the online worker verifies everything) and static
+    # steps 10x cheaper: the online worker's full-budget steps take the static path only when
+    # the scenario says its worker does (SGLANG_DSPARK_FULL_BUDGET_STATIC)
+    monkeypatch.setattr(S, "build_cost", lambda _sc: ProfileCost(step_time=lambda R, B: 0.01,
+                                                                 static_step_s={"1": 0.001, "4": 0.001}))
+    base = dict(name="t", gamma=3, max_running=4, levels=[2], steps=120, warmup_steps=20, warmup_level=[1, 2],
+                warmup_requests_per_user=1, domains=[{"name": "one", "tau": 3.5}], prefill="disaggregated",
+                sla_floor=None, anchors=[], step_noise=0.0)
+    thr = [run_frontier(Scenario(**dict(base, full_budget_static=f)), policies=["online"],
+                        backend="planner")[0].throughput for f in (False, True)]
+    assert thr[1] > 1.3 * thr[0]     # identical runs but for the flag (exploration steps stay compact)

@@ -105,3 +105,22 @@ def test_full_budget_static_wrapper_skips_the_layout_only_at_full_budget():
     assert wrap(budget=12, req_pool_indices=rows, global_num_reqs=5) == "ragged"
     assert wrap(budget=None, req_pool_indices=rows) == "ragged"
     assert wrap.static_steps == 1 and len(calls) == 4
+
+
+def test_brain_explores_under_a_learned_controller_curve_but_not_under_a_pinned_policy():
+    from types import SimpleNamespace
+
+    from dspark_controller.sps_model import SpsModel
+
+    model = SpsModel()
+    for b in range(4, 21):
+        model.update(4, b, 0.01 + 0.001 * b)
+    surv = _rows([[0.9, 0.8, 0.7, 0.6]] * 4)
+    cfg = BudgetConfig(explore_prob_young=1.0, young_steps=10 ** 9)     # every step explores, if allowed
+    for mode, explores in (("throughput", True), ("off", False), ("fixed", False)):
+        d = SimpleNamespace(policy=SimpleNamespace(mode=mode, floor_tok_s=None), explore_prob=0.0,
+                            verify_all=(mode == "off"), budget_frac=0.5, max_budget_tokens=None,
+                            num_requests=4, budget_tokens=8, sps_function=lambda r: None)
+        brain = BudgetBrain(local_model=model, config=cfg, latest_decision=lambda _age: d)
+        brain.decide(surv, max_len=4)
+        assert (brain.last_source == "explore") == explores, (mode, brain.last_source)
