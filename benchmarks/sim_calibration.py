@@ -359,7 +359,9 @@ def build_scenario(args, meta: dict, levels: list[int], requests_per_user: int =
                           request_overhead_s=max(0.0, (fixed - prefill) * args.overhead_share)),
         domains=[{"name": "bench-trace", "trace": args.trace}], prefill="colocated", levels=levels,
         # the benchmark's warm-up: ``warm_waves`` ramps of one request per user at each level
-        warmup_level=list(levels) * max(0, int(warm_waves)), warmup_requests_per_user=1, step_noise=args.step_noise, sla_floor=None, anchors=[], controller_explore=0.0, full_budget_static=True,
+        warmup_level=list(levels) * max(0, int(warm_waves)), warmup_requests_per_user=1,
+        step_noise=args.step_noise, sla_floor=None, anchors=[], controller_explore=0.0,
+        full_budget_static=True,   # our worker's SGLANG_DSPARK_FULL_BUDGET_STATIC default on CPU
         upstream_table=(args.upstream_table if args.upstream_table and Path(args.upstream_table).is_file()
                         else "static-probe"), seed=args.seed,
         description="CPU bench pair (benchmarks/worker_bench.py) from a measured profile and acceptance trace")

@@ -21,8 +21,8 @@ the choice of K changes.  K comes from, in order:
 5. SGLang's static table (upstream behaviour; none = verify all).
 
 Lossless: every input to K (lagged confidences, profiles, policies, exploration
-draws from a private RNG and the profile's past sample counts) exists before the current step's draft tokens are
-sampled, so K never depends on them.  The current step's tokens only enter through
+draws from a private RNG and the profile's past sample counts) exists before the
+current step's draft tokens are sampled, so K never depends on them.  The current step's tokens only enter through
 SGLang's top-K admission, exactly as upstream.
 """
 

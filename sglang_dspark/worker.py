@@ -262,7 +262,8 @@ class _FullBudgetStatic:
     """Wraps the verify planner's ``schedule_layout``: a step whose budget verifies every
     draft token gets no ragged layout, so SGLang runs it on its uniform (static) verify
     path, as it already does in compact mode when a layout exceeds the captured grid.  On
-    CPU that path is cheaper than a full ragged layout (~11% at one request, ~8% at 16-32).  Same tokens verified, same acceptance rule."""
+    CPU that path is cheaper than a full ragged layout (~11% at one request, ~8% at
+    16-32).  Same tokens verified, same acceptance rule."""
 
     def __init__(self, inner, *, gamma: int) -> None:
         self.inner = inner

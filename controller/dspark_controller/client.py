@@ -47,7 +47,6 @@ logger = logging.getLogger("dspark_controller.client")
 CurveKeys = Union[tuple[bytes, bytes], str, os.PathLike]
 
 
-
 def carry_curve(prev: Optional[BudgetDecision], msg: BudgetDecision) -> BudgetDecision:
     """The controller sends its curve only when it changed (or R did): carry the previous
     decision's curve forward into ``msg`` where it still applies: the additive form for the
@@ -60,6 +59,7 @@ def carry_curve(prev: Optional[BudgetDecision], msg: BudgetDecision) -> BudgetDe
     if msg.sps_additive is None and prev.sps_additive is not None:
         upd["sps_additive"] = prev.sps_additive
     return msg.model_copy(update=upd) if upd else msg
+
 
 class ControllerClient:
     """Connects one engine (one scheduler rank) to the DSpark controller.

@@ -589,12 +589,12 @@ class Controller:
             eng.table_sent_at = now
             eng.table_profile_seq = prof.publish_seq
         if pol.mode == "off":
-            return BudgetDecision(**common, verify_all=True, budget_tokens=full, budget_frac=1.0, sps_table=table, sps_additive=additive,
-                                  reason="policy off: verify every draft token")
+            return BudgetDecision(**common, verify_all=True, budget_tokens=full, budget_frac=1.0, sps_table=table,
+                                  sps_additive=additive, reason="policy off: verify every draft token")
         if pol.mode == "fixed":
             k = int(math.floor(float(pol.frac) * full + 1e-9))
-            return BudgetDecision(**common, budget_tokens=k, budget_frac=float(pol.frac), sps_table=table, sps_additive=additive,
-                                  reason=f"fixed fraction {pol.frac:g} of {full} draft tokens")
+            return BudgetDecision(**common, budget_tokens=k, budget_frac=float(pol.frac), sps_table=table,
+                                  sps_additive=additive, reason=f"fixed fraction {pol.frac:g} of {full} draft tokens")
         cap = pol.max_tokens if pol.mode == "cap" else None
         if not model.ready:
             return BudgetDecision(**common, verify_all=True, budget_tokens=None if cap is None else min(cap, full),
@@ -602,8 +602,8 @@ class Controller:
                                   reason=(f"profile {prof.key} warming up ({model.steps}/"
                                           f"{model.config.min_ready_samples} samples, no prior): verify all"))
         if R == 0:
-            return BudgetDecision(**common, budget_tokens=0, max_budget_tokens=cap, sps_table=table, sps_additive=additive,
-                                  reason="no running requests")
+            return BudgetDecision(**common, budget_tokens=0, max_budget_tokens=cap, sps_table=table,
+                                  sps_additive=additive, reason="no running requests")
         acc = eng.acceptance()
         confidences = np.tile(acc, (R, 1))
         floor = pol.floor_tok_s if pol.mode == "sla" else None
@@ -617,8 +617,9 @@ class Controller:
             reason += "; SLA floor unreachable at this load"
         return BudgetDecision(**common, budget_tokens=lb.budget_tokens,
                               budget_frac=(lb.budget_tokens / full) if full else None,
-                              max_budget_tokens=cap, sps_table=table, sps_additive=additive, expected_tau=lb.expected_tau,
-                              predicted_throughput=lb.predicted_throughput, reason=reason[:2048])
+                              max_budget_tokens=cap, sps_table=table, sps_additive=additive,
+                              expected_tau=lb.expected_tau, predicted_throughput=lb.predicted_throughput,
+                              reason=reason[:2048])
 
     def _publish_decision(self, eng: _Engine, now: float) -> None:
         t0 = time.perf_counter()
