@@ -177,8 +177,15 @@ class BudgetBrain:
 
     def __init__(self, *, local_model, config: BudgetConfig = BudgetConfig(),
                  latest_decision: Optional[Callable[[float], object]] = None,
-                 enabled: bool = True) -> None:
+                 enabled: bool = True,
+                 uniform_step_time: Optional[Callable[[int], Optional[float]]] = None) -> None:
         self.local_model = local_model
+        # measured seconds of a full-budget step on SGLang's uniform path at R requests (None:
+        # unknown); such steps are cheaper than any ragged layout on some devices, which the
+        # profile (one monotone curve in B) cannot represent, so the planner compares them
+        self.uniform_step_time = uniform_step_time
+        self.uniform_steps = 0      # steps the profile did not learn from (uniform path): they
+        #                             still count for the exploration schedule
         self.config = config
         self.latest_decision = latest_decision
         self.enabled = enabled
@@ -202,7 +209,7 @@ class BudgetBrain:
         # and puts the unseen budgets into the telemetry the controller learns from; not
         # when the operator pinned the policy (off = verify all, or a fixed fraction)
         if model is not None and not _operator_pinned(decision):
-            p = exploration_probability(self.config, model.steps)
+            p = exploration_probability(self.config, model.steps + self.uniform_steps)
             if p > 0 and self._rng.random() < p:
                 k = explore_budget(model, num_req=num_req, full=full, rng=self._rng)
                 return self._note("explore", VerifyBudgetDecision(budget=k))
@@ -215,7 +222,21 @@ class BudgetBrain:
         if not model.ready:
             return None
         sps = model.sps_function(num_req)
-        return self._note("local", self._argmax(survival, max_len, sps))
+        return self._note("local", self._uniform_if_better(self._argmax(survival, max_len, sps),
+                                                           survival, max_len, num_req, full))
+
+    def _uniform_if_better(self, d: VerifyBudgetDecision, survival, max_len: int, num_req: int,
+                           full: int) -> VerifyBudgetDecision:
+        """Verify everything (the uniform path) when its measured step time gives more expected
+        tokens per second than the best ragged budget the profile found."""
+        t_u = self.uniform_step_time(num_req) if self.uniform_step_time is not None else None
+        if not t_u or t_u <= 0 or d.budget >= full or d.predicted_theta is None:
+            return d
+        s = _host_array(survival[:, :max_len])
+        theta_u = (num_req + float(np.nan_to_num(s, nan=0.0).clip(0.0, 1.0).sum())) / float(t_u)
+        if theta_u >= float(d.predicted_theta):
+            return VerifyBudgetDecision(budget=full, predicted_step_seconds=float(t_u), predicted_theta=theta_u)
+        return d
 
     def _from_controller(self, d, survival, max_len, num_req, full):
         # the fleet's learned curve is planned here with this step's calibrated survival

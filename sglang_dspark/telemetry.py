@@ -32,6 +32,8 @@ class StepRecord:
     timestamp: float = field(default_factory=time.time)
     # the planner's raw lagged survival [R, gamma] for this step (local use only, never sent)
     survival: Optional[object] = None
+    # ran on SGLang's uniform verify path (a full-budget step, SGLANG_DSPARK_FULL_BUDGET_STATIC)
+    uniform: bool = False
 
 
 class StepClock:

@@ -71,11 +71,12 @@ class DSparkControlledWorker(DSparkWorkerV2):
             max_requests=max_req, max_batch_tokens=max_req * int(self.verify_num_draft_tokens),
             table_path=getattr(sa, "speculative_dspark_sps_table_path", None))
         self._link = ControllerLink.from_env(worker=self) if online else None
+        self._uniform_s: dict[int, float] = {}   # EMA of uniform-path step seconds per R
         self._brain = BudgetBrain(
             local_model=self._local_model if online else None,
             config=BudgetConfig.from_env(),
             latest_decision=self._link.latest_decision if self._link else None,
-            enabled=online)
+            enabled=online, uniform_step_time=self._uniform_s.get)
         planner = self._verify_planner
         self._online_planner = None
         if planner._budget_planner is not None:
@@ -144,6 +145,7 @@ class DSparkControlledWorker(DSparkWorkerV2):
             # the copies are queued before the step's end event and read once it fired.
             rec.accepted_lens = self._host(getattr(result, "accept_lens", None))
             uniform = self._full_budget_layout is not None and self._full_budget_layout.last_static
+            rec.uniform = bool(uniform)
             # on the uniform path every draft is verified (cap lens are not per-request there)
             if self._compact and not uniform:
                 rec.verify_lens = self._host(getattr(result, "cap_lens", None))
@@ -173,7 +175,14 @@ class DSparkControlledWorker(DSparkWorkerV2):
         rec.survival = None
         model = self._local_model
         self._stats.add(rec, rec.predicted_step_s)
-        if model is not None:
+        if rec.uniform and rec.step_time_s > 0:
+            # the uniform path has its own cost (planner: BudgetBrain._uniform_if_better); the
+            # profile stays the ragged layout's curve, which it can represent (monotone in B)
+            old = self._uniform_s.get(rec.num_requests)
+            self._uniform_s[rec.num_requests] = (rec.step_time_s if old is None
+                                                 else old + 0.1 * (rec.step_time_s - old))
+            self._brain.uniform_steps += 1
+        elif model is not None:
             model.update(rec.num_requests, rec.verify_tokens, rec.step_time_s)
         if self._link is not None:
             self._link.publish(rec)

@@ -124,3 +124,42 @@ def test_brain_explores_under_a_learned_controller_curve_but_not_under_a_pinned_
         brain = BudgetBrain(local_model=model, config=cfg, latest_decision=lambda _age: d)
         brain.decide(surv, max_len=4)
         assert (brain.last_source == "explore") == explores, (mode, brain.last_source)
+
+
+def test_brain_takes_the_uniform_path_when_its_measured_step_is_cheaper():
+    from dspark_controller.sps_model import SpsModel
+
+    model = SpsModel()
+    for _ in range(20):                    # ragged steps at R = 1: each draft token costs 10 ms
+        for b in range(1, 6):
+            model.update(1, b, 0.02 + 0.01 * (b - 1))
+    surv = _rows([[0.9, 0.8, 0.7, 0.6]])
+    cfg = BudgetConfig(explore_prob_young=0.0, explore_prob=0.0)
+    ragged = BudgetBrain(local_model=model, config=cfg).decide(surv, max_len=4)
+    assert ragged.budget < 4                                           # the profile says: verify fewer
+    uniform = {1: 0.025}                                               # all 4 drafts for 25 ms (measured)
+    d = BudgetBrain(local_model=model, config=cfg, uniform_step_time=uniform.get).decide(surv, max_len=4)
+    assert d.budget == 4 and d.predicted_theta > ragged.predicted_theta
+    slow = {1: 0.2}                                                    # uniform measured slower: keep ragged
+    d = BudgetBrain(local_model=model, config=cfg, uniform_step_time=slow.get).decide(surv, max_len=4)
+    assert d.budget == ragged.budget
+    nothing = {}                                                       # no uniform step seen at this R
+    assert BudgetBrain(local_model=model, config=cfg, uniform_step_time=nothing.get).decide(
+        surv, max_len=4).budget == ragged.budget
+
+
+def test_uniform_steps_count_for_the_exploration_schedule():
+    from dspark_controller.sps_model import SpsModel
+
+    model = SpsModel()
+    for _ in range(4):
+        for b in range(1, 6):
+            model.update(1, b, 0.02 + 0.01 * (b - 1))
+    cfg = BudgetConfig(explore_prob_young=1.0, young_steps=100, explore_prob=0.0)
+    brain = BudgetBrain(local_model=model, config=cfg)
+    surv = _rows([[0.9, 0.8, 0.7, 0.6]])
+    brain.decide(surv, max_len=4)
+    assert brain.last_source == "explore"          # young: 20 profile steps
+    brain.uniform_steps = 200                      # ... but 200 uniform-path steps seen since
+    brain.decide(surv, max_len=4)
+    assert brain.last_source == "local"
