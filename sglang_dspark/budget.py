@@ -44,7 +44,7 @@ from sglang.srt.speculative.dspark_components.dspark_planner import (
 )
 
 from dspark_controller.planner import (_operator_pinned, budget_from_controller, compute_lagged_budget,
-                                       explore_budget, exploration_probability)
+                                       explore_budget, exploration_probability, uniform_throughput)
 from dspark_controller.planner import survival_to_confidences as _survival_to_confidences
 
 logger = logging.getLogger(__name__)
@@ -229,12 +229,11 @@ class BudgetBrain:
                            full: int) -> VerifyBudgetDecision:
         """Verify everything (the uniform path) when its measured step time gives more expected
         tokens per second than the best ragged budget the profile found."""
-        t_u = self.uniform_step_time(num_req) if self.uniform_step_time is not None else None
-        if not t_u or t_u <= 0 or d.budget >= full or d.predicted_theta is None:
+        if self.uniform_step_time is None or d.budget >= full or d.predicted_theta is None:
             return d
-        s = _host_array(survival[:, :max_len])
-        theta_u = (num_req + float(np.nan_to_num(s, nan=0.0).clip(0.0, 1.0).sum())) / float(t_u)
-        if theta_u >= float(d.predicted_theta):
+        t_u = self.uniform_step_time(num_req)
+        theta_u = uniform_throughput(_host_array(survival[:, :max_len]), num_req=num_req, uniform_step_s=t_u)
+        if theta_u is not None and theta_u >= float(d.predicted_theta):
             return VerifyBudgetDecision(budget=full, predicted_step_seconds=float(t_u), predicted_theta=theta_u)
         return d
 

@@ -540,6 +540,18 @@ def _operator_pinned(decision: Any) -> bool:
     return decision is not None and getattr(getattr(decision, "policy", None), "mode", None) in ("off", "fixed")
 
 
+def uniform_throughput(survival: Any, *, num_req: int, uniform_step_s: Optional[float]) -> Optional[float]:
+    """Expected tokens/s of verifying every draft token on SGLang's uniform path, whose step
+    took ``uniform_step_s`` (measured) at this request count: (R + sum of the lagged
+    survival) / step seconds; None when no such step was measured.  The worker compares it
+    with the best ragged budget, because a uniform step can cost less than a ragged one a
+    token short, which a profile monotone in B cannot represent."""
+    if not uniform_step_s or uniform_step_s <= 0:
+        return None
+    s = np.clip(np.nan_to_num(np.asarray(survival, dtype=np.float64), nan=0.0), 0.0, 1.0)
+    return (int(num_req) + float(s.sum())) / float(uniform_step_s)
+
+
 def explore_budget(model: Any, *, num_req: int, full: int, rng: Any) -> int:
     """An exploration step's K in ``[0, full]``, from one ``rng.random()`` draw.
 

@@ -39,7 +39,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from .planner import (_operator_pinned, budget_from_controller, compute_lagged_budget, explore_budget,
-                      exploration_probability, plan_lagged, sps_from_pairs, survival_to_confidences)
+                      exploration_probability, plan_lagged, sps_from_pairs, survival_to_confidences,
+                      uniform_throughput)
 
 __all__ = ["Backend", "PlannerBrain", "make_policy", "POLICY_NAMES", "BrainConfig", "SimController",
            "resolve_backend"]
@@ -73,11 +74,14 @@ class PlannerBrain:
     """``BudgetBrain.decide`` without SGLang (same branches, same RNG calls, same planner)."""
 
     def __init__(self, *, local_model: Any, config: BrainConfig = BrainConfig(),
-                 latest_decision: Optional[Callable[[float], Any]] = None, enabled: bool = True) -> None:
+                 latest_decision: Optional[Callable[[float], Any]] = None, enabled: bool = True,
+                 uniform_step_time: Optional[Callable[[int], Optional[float]]] = None) -> None:
         self.local_model = local_model
         self.config = config
         self.latest_decision = latest_decision
         self.enabled = enabled
+        self.uniform_step_time = uniform_step_time
+        self.uniform_steps = 0
         self.sources: Counter = Counter()
         self._rng = random.Random(config.seed)
 
@@ -89,7 +93,7 @@ class PlannerBrain:
         model = self.local_model
         decision = self.latest_decision(self.config.decision_max_age_s) if self.latest_decision else None
         if model is not None and not _operator_pinned(decision):
-            p = exploration_probability(self.config, model.steps)
+            p = exploration_probability(self.config, model.steps + self.uniform_steps)
             if p > 0 and self._rng.random() < p:
                 return self._note("explore", _Decision(explore_budget(model, num_req=num_req, full=full,
                                                                       rng=self._rng)))
@@ -101,7 +105,15 @@ class PlannerBrain:
             return None
         if not model.ready:
             return None
-        return self._note("local", self._argmax(survival, max_len, model.sps_function(num_req)))
+        conf = survival_to_confidences(survival[:, :max_len])
+        lb = compute_lagged_budget(conf, model.sps_function(num_req))
+        k = lb.budget_tokens
+        if self.uniform_step_time is not None and k < full:
+            theta_u = uniform_throughput(survival[:, :max_len], num_req=num_req,
+                                         uniform_step_s=self.uniform_step_time(num_req))
+            if theta_u is not None and theta_u >= float(lb.predicted_throughput):
+                k = full
+        return self._note("local", _Decision(k))
 
     def _from_controller(self, d: Any, survival: np.ndarray, max_len: int, num_req: int, full: int):
         r = budget_from_controller(d, num_req=num_req, full=full, rng=self._rng,

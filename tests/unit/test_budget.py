@@ -163,3 +163,21 @@ def test_uniform_steps_count_for_the_exploration_schedule():
     brain.uniform_steps = 200                      # ... but 200 uniform-path steps seen since
     brain.decide(surv, max_len=4)
     assert brain.last_source == "local"
+
+
+def test_simulator_brain_transcribes_the_uniform_path_choice():
+    from dspark_controller.sim_policies import BrainConfig, PlannerBrain
+    from dspark_controller.sps_model import SpsModel
+
+    model = SpsModel()
+    for _ in range(20):
+        for b in range(1, 6):
+            model.update(1, b, 0.02 + 0.01 * (b - 1))
+    surv = _rows([[0.9, 0.8, 0.7, 0.6]])
+    for t_u in (None, 0.025, 0.2):
+        times = {} if t_u is None else {1: t_u}
+        real = BudgetBrain(local_model=model, config=BudgetConfig(explore_prob_young=0.0, explore_prob=0.0),
+                           uniform_step_time=times.get).decide(surv, max_len=4)
+        sim = PlannerBrain(local_model=model, config=BrainConfig(explore_prob_young=0.0, explore_prob=0.0),
+                           uniform_step_time=times.get).decide(surv, max_len=4)
+        assert sim.budget == real.budget, t_u
