@@ -175,14 +175,18 @@ class DSparkControlledWorker(DSparkWorkerV2):
         rec.survival = None
         model = self._local_model
         self._stats.add(rec, rec.predicted_step_s)
+        # the profile stays the ragged layout's curve (monotone in B, which it can represent);
+        # until it is ready, uniform steps (SGLang's verify-all fallback) feed it too, or it
+        # would learn only from exploration and start planning late
+        fed = model is not None and (not rec.uniform or not model.ready)
         if rec.uniform and rec.step_time_s > 0:
-            # the uniform path has its own cost (planner: BudgetBrain._uniform_if_better); the
-            # profile stays the ragged layout's curve, which it can represent (monotone in B)
+            # the uniform path keeps its own cost (planner: BudgetBrain._uniform_if_better)
             old = self._uniform_s.get(rec.num_requests)
             self._uniform_s[rec.num_requests] = (rec.step_time_s if old is None
                                                  else old + 0.1 * (rec.step_time_s - old))
-            self._brain.uniform_steps += 1
-        elif model is not None:
+            if not fed:
+                self._brain.uniform_steps += 1
+        if fed:
             model.update(rec.num_requests, rec.verify_tokens, rec.step_time_s)
         if self._link is not None:
             self._link.publish(rec)
