@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -43,8 +43,9 @@ from sglang.srt.speculative.dspark_components.dspark_planner import (
     compute_verify_token_budget,
 )
 
-from dspark_controller.planner import (_operator_pinned, budget_from_controller, compute_lagged_budget,
-                                       explore_budget, exploration_probability, uniform_throughput)
+from dspark_controller.planner import (_operator_pinned, budget_from_controller, clean_survival,
+                                       compute_lagged_budget, controller_allows_uniform, explore_budget, exploration_probability,
+                                       lagged_budget_fast, uniform_throughput)
 from dspark_controller.planner import survival_to_confidences as _survival_to_confidences
 
 logger = logging.getLogger(__name__)
@@ -85,6 +86,8 @@ def _host_array(survival) -> np.ndarray:
     """float64 numpy view of a survival matrix (torch tensor on any device, or numpy)."""
     if isinstance(survival, np.ndarray):
         return survival.astype(np.float64, copy=False)
+    if survival.device.type == "cpu":      # SGLang's host planner: a view, then one numpy cast
+        return survival.detach().numpy().astype(np.float64)
     return survival.detach().to("cpu", torch.float64).numpy()
 
 
@@ -123,18 +126,18 @@ class SurvivalCalibrator:
         if self.n is None or self.n.shape[0] != gamma:
             self.n = np.zeros((gamma, self.bins))
             self.a = np.zeros((gamma, self.bins))
+            self._cols = np.arange(gamma)
 
     def _bin(self, s: np.ndarray) -> np.ndarray:
         return np.clip((np.nan_to_num(s, nan=0.0) * self.bins).astype(np.int64), 0, self.bins - 1)
 
     def apply(self, survival: np.ndarray) -> np.ndarray:
         """Calibrated survival, same shape ``[R, gamma]``."""
-        s = np.clip(np.nan_to_num(np.asarray(survival, dtype=np.float64), nan=0.0), 0.0, 1.0)
+        s = np.fmin(np.fmax(np.asarray(survival, dtype=np.float64), 0.0), 1.0)   # fmax: NaN -> 0
         if self.n is None or self.observations == 0 or s.shape[1] != self.n.shape[0]:
             return s
-        b = self._bin(s)
-        k = np.broadcast_to(np.arange(s.shape[1]), s.shape)
-        n, a = self.n[k, b], self.a[k, b]
+        b = np.minimum((s * self.bins).astype(np.int64), self.bins - 1)
+        n, a = self.n[self._cols, b], self.a[self._cols, b]
         cal = (a + self.prior_weight * s) / (n + self.prior_weight)
         return np.minimum.accumulate(np.clip(cal, 0.0, 1.0), axis=1)
 
@@ -246,11 +249,20 @@ class BudgetBrain:
         k, planned = r
         if planned is None:
             return VerifyBudgetDecision(budget=k)
-        return VerifyBudgetDecision(budget=k, predicted_step_seconds=planned.predicted_step_seconds,
-                                    predicted_theta=planned.predicted_theta)
+        out = VerifyBudgetDecision(budget=k, predicted_step_seconds=planned.predicted_step_seconds,
+                                   predicted_theta=planned.predicted_theta)
+        # the fleet's curve is one monotone curve in B too: this engine's measured uniform
+        # path may still beat its best ragged budget (as in the local branch)
+        if controller_allows_uniform(d):
+            out = self._uniform_if_better(out, survival, max_len, num_req, full)
+        return out
 
     @staticmethod
     def _argmax(survival, max_len, sps, sla_floor=None) -> VerifyBudgetDecision:
+        if sla_floor is None:   # the hot path: same K as compute_lagged_budget, fewer host ops
+            k, theta, s = lagged_budget_fast(clean_survival(_host_array(survival[:, :max_len])), sps)
+            return VerifyBudgetDecision(budget=k, predicted_step_seconds=(1.0 / s) if s > 0 else None,
+                                        predicted_theta=theta)
         conf = survival_to_confidences(survival[:, :max_len])
         lb = compute_lagged_budget(conf, sps, sla_floor=sla_floor)
         s = float(sps(lb.batch_tokens)) if lb.batch_tokens else 0.0
@@ -277,6 +289,10 @@ class OnlineBudgetPlanner(HostConfidenceBudgetPlanner):
         self.last_decided_at = 0.0
         self.plan_time_s = 0.0
         self.plan_calls = 0
+        # host seconds by phase: SGLang's lag shift + survival, our survival calibration,
+        # the decision (brain or SGLang's table); plan_time_s minus their sum is bookkeeping
+        self.phase_time_s = {"lag_survival": 0.0, "calibrate": 0.0, "decide": 0.0}
+        self.recent_plan_s: deque = deque(maxlen=512)     # per-call, for the median
         self.calibrator: Optional[SurvivalCalibrator] = SurvivalCalibrator() if brain.enabled else None
         self.last_survival: Optional[np.ndarray] = None   # raw lagged survival of the last decision
 
@@ -295,12 +311,16 @@ class OnlineBudgetPlanner(HostConfidenceBudgetPlanner):
                                       req_pool_indices_cpu=req_pool_indices_cpu)
         # host time of the whole planning call (lag shift, survival, decision): the
         # overhead the worker benchmark compares with SGLang's own table path
-        self.plan_time_s += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        self.plan_time_s += dt
+        self.recent_plan_s.append(dt)
         self.plan_calls += 1
         return budget
 
     def _compute_budget(self, *, confidence, generation, current_generation,
                         req_pool_indices_cpu) -> int:
+        clock, phases = time.perf_counter, self.phase_time_s
+        t0 = clock()
         lagged_c, lagged_g = self._shift_to_lag(
             confidence=confidence, generation=generation,
             req_pool_indices_cpu=req_pool_indices_cpu)
@@ -308,13 +328,19 @@ class OnlineBudgetPlanner(HostConfidenceBudgetPlanner):
             lagged_confidence=lagged_c, lagged_generation=lagged_g,
             current_generation=current_generation)
         max_len = self.cfg.resolved_max_verify_len()
+        t1 = clock()
+        phases["lag_survival"] += t1 - t0
         if self.forced_budget_frac is not None:
             full = int(survival[:, :max_len].numel())
             decision = VerifyBudgetDecision(budget=max(0, int(float(self.forced_budget_frac) * full)))
             self.brain._note("forced", decision)
         else:
             try:
-                decision = self.brain.decide(self._calibrated(survival, max_len), max_len=max_len)
+                calibrated = self._calibrated(survival, max_len)
+                t2 = clock()
+                phases["calibrate"] += t2 - t1
+                t1 = t2
+                decision = self.brain.decide(calibrated, max_len=max_len)
             except Exception:  # a planning bug must never fail requests
                 self.brain.errors += 1
                 if self.brain.errors <= 3 or self.brain.errors % 1000 == 0:
@@ -325,6 +351,7 @@ class OnlineBudgetPlanner(HostConfidenceBudgetPlanner):
                 decision = compute_verify_token_budget(
                     history_survival_probs=survival, sps_table=self.sps_table, cfg=self.cfg)
                 self.brain._note("table", decision)
+            phases["decide"] += clock() - t1
         self.last_decision = decision
         self.last_budget = int(decision.budget)
         self.last_decided_at = time.monotonic()

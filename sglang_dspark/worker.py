@@ -23,6 +23,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+
+import numpy as np
 from typing import Optional
 
 from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
@@ -245,6 +247,10 @@ class DSparkControlledWorker(DSparkWorkerV2):
         plan_n = p.plan_calls if p is not None else 0
         return {"plan_calls": plan_n,
                 "plan_us_mean": round(1e6 * p.plan_time_s / plan_n, 2) if plan_n else None,
+                "plan_us_p50": (round(1e6 * float(np.median(p.recent_plan_s)), 2)
+                                if p is not None and p.recent_plan_s else None),
+                "plan_us_by_phase": ({k: round(1e6 * v / plan_n, 2) for k, v in p.phase_time_s.items()}
+                                     if plan_n else None),
                 "telemetry_calls": self._telemetry_calls,
                 "telemetry_us_mean": (round(1e6 * self._telemetry_time_s / self._telemetry_calls, 2)
                                       if self._telemetry_calls else None)}

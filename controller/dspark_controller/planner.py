@@ -460,6 +460,37 @@ def compute_lagged_budget(lagged_confidences: Any, sps: SpsFn, *, max_tokens: Op
                         num_requests=R, explanation=tuple(expl), sla_met=sla_met)
 
 
+def clean_survival(survival: Any) -> np.ndarray:
+    """A survival matrix ``[R, positions]`` as the planner assumes it: float64, NaN and
+    negatives 0, at most 1, non-increasing along each row (what
+    :func:`survival_to_confidences` followed by a cumulative product gives back)."""
+    s = np.fmin(np.fmax(np.asarray(survival, dtype=np.float64), 0.0), 1.0)   # fmax: NaN -> 0
+    return np.minimum.accumulate(s, axis=1) if s.ndim == 2 and s.shape[1] > 1 else s
+
+
+def lagged_budget_fast(survival: np.ndarray, sps: SpsFn, *,
+                       max_tokens: Optional[int] = None) -> tuple[int, float, float]:
+    """The hot-path twin of :func:`compute_lagged_budget` for a *clean* survival matrix (see
+    :func:`clean_survival`): the same K = argmax_k (R + top-k survival) * SPS(R + k) (ties
+    to the smaller k), as ``(K, predicted throughput, steps/s at R + K)``, with no input
+    validation and no explanation.  Survival rows are non-increasing, so the global top-k
+    of the survival values is the top-k of :func:`compute_lagged_budget`'s visit order."""
+    R = int(survival.shape[0])
+    n = int(survival.size)
+    limit = n if max_tokens is None else max(0, min(n, int(max_tokens)))
+    if R == 0:
+        return 0, 0.0, 0.0
+    tau = np.empty(limit + 1)
+    tau[0] = 0.0
+    if limit:
+        np.cumsum(np.sort(survival, axis=None)[::-1][:limit], out=tau[1:])
+    tau += R
+    sps_vals = _sps_values(sps, np.arange(R, R + limit + 1, dtype=np.int64))
+    theta = tau * sps_vals
+    k = int(theta.argmax())
+    return k, float(theta[k]), float(sps_vals[k])
+
+
 def _top_k_lengths(prepared: tuple, k: int) -> list[int]:
     surv, a, rr, jj = prepared
     lengths = np.zeros(len(surv), dtype=np.int64)
@@ -548,7 +579,7 @@ def uniform_throughput(survival: Any, *, num_req: int, uniform_step_s: Optional[
     token short, which a profile monotone in B cannot represent."""
     if not uniform_step_s or uniform_step_s <= 0:
         return None
-    s = np.clip(np.nan_to_num(np.asarray(survival, dtype=np.float64), nan=0.0), 0.0, 1.0)
+    s = np.fmin(np.fmax(np.asarray(survival, dtype=np.float64), 0.0), 1.0)   # fmax: NaN -> 0
     return (int(num_req) + float(s.sum())) / float(uniform_step_s)
 
 
@@ -570,6 +601,13 @@ def explore_budget(model: Any, *, num_req: int, full: int, rng: Any) -> int:
     w = np.asarray(weights(int(num_req), int(num_req) + np.arange(full + 1)), dtype=np.float64)
     ties = np.flatnonzero(w <= w.min() + 1e-9)
     return int(ties[min(int(u * 2.0 * len(ties)), len(ties) - 1)])
+
+
+def controller_allows_uniform(d: Any) -> bool:
+    """Whether a worker may swap a controller-planned budget for verify-all on its measured
+    uniform path: not under a budget cap (``max_budget_tokens``) or an SLA floor, which a
+    throughput comparison does not honour."""
+    return d.max_budget_tokens is None and getattr(getattr(d, "policy", None), "mode", None) != "sla"
 
 
 def budget_from_controller(d: Any, *, num_req: int, full: int, rng: Any,

@@ -38,8 +38,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .planner import (_operator_pinned, budget_from_controller, compute_lagged_budget, explore_budget,
-                      exploration_probability, plan_lagged, sps_from_pairs, survival_to_confidences,
+from .planner import (_operator_pinned, budget_from_controller, compute_lagged_budget, controller_allows_uniform,
+                      explore_budget, exploration_probability, plan_lagged, sps_from_pairs, survival_to_confidences,
                       uniform_throughput)
 
 __all__ = ["Backend", "PlannerBrain", "make_policy", "POLICY_NAMES", "BrainConfig", "SimController",
@@ -107,23 +107,40 @@ class PlannerBrain:
             return None
         conf = survival_to_confidences(survival[:, :max_len])
         lb = compute_lagged_budget(conf, model.sps_function(num_req))
-        k = lb.budget_tokens
+        k = self._uniform_or(lb, survival, max_len, num_req, full)
+        return self._note("local", _Decision(k))
+
+    def _uniform_or(self, lb: Any, survival: np.ndarray, max_len: int, num_req: int, full: int) -> int:
+        """``lb``'s K, or every token when the measured uniform path gives more (as the worker)."""
+        k = int(lb.budget_tokens)
         if self.uniform_step_time is not None and k < full:
             theta_u = uniform_throughput(survival[:, :max_len], num_req=num_req,
                                          uniform_step_s=self.uniform_step_time(num_req))
             if theta_u is not None and theta_u >= float(lb.predicted_throughput):
-                k = full
-        return self._note("local", _Decision(k))
+                return full
+        return k
 
     def _from_controller(self, d: Any, survival: np.ndarray, max_len: int, num_req: int, full: int):
         r = budget_from_controller(d, num_req=num_req, full=full, rng=self._rng,
                                    plan=lambda sps, floor: self._argmax(survival, max_len, sps, sla_floor=floor))
-        return None if r is None else _Decision(r[0])
+        if r is None:
+            return None
+        k, planned = r
+        if planned is not None and controller_allows_uniform(d):
+            k = self._uniform_or(planned, survival, max_len, num_req, full)
+        return _Decision(k)
 
-    @staticmethod
-    def _argmax(survival: np.ndarray, max_len: int, sps: Any, sla_floor: Optional[float] = None) -> _Decision:
+    class _Planned:
+        __slots__ = ("budget", "budget_tokens", "predicted_throughput")
+
+        def __init__(self, lb: Any) -> None:
+            self.budget = self.budget_tokens = int(lb.budget_tokens)
+            self.predicted_throughput = float(lb.predicted_throughput)
+
+    @classmethod
+    def _argmax(cls, survival: np.ndarray, max_len: int, sps: Any, sla_floor: Optional[float] = None) -> Any:
         conf = survival_to_confidences(survival[:, :max_len])
-        return _Decision(compute_lagged_budget(conf, sps, sla_floor=sla_floor).budget_tokens)
+        return cls._Planned(compute_lagged_budget(conf, sps, sla_floor=sla_floor))
 
     def _note(self, source: str, d: _Decision) -> _Decision:
         self.sources[source] += 1

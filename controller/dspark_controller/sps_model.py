@@ -736,20 +736,21 @@ class SpsModel:
         s = math.exp(self.log_scale)
         r = int(num_requests)
         a = self._alpha_list[self._r_bin[max(r, 0)] if r <= self._r_top else self.n_r - 1]
-        inv = 1.0 / (s * (self._table + a))
+        table = self._table          # replaced, never mutated, by a refit: safe to close over
         top = self._b_top - 1
-        t_top = float(self._table[top])
+        t_top = float(table[top])
 
+        # evaluated only where asked (the planner asks for a few dozen B on every decode step)
         def fn(b: Any) -> Any:
             if np.isscalar(b):
                 bi = int(b)
                 if bi <= top:
-                    return float(inv[max(bi, 1)])
+                    return 1.0 / (s * (float(table[max(bi, 1)]) + a))
                 return 1.0 / (s * (t_top * bi / top + a))
             arr = np.asarray(b, dtype=np.int64)
-            out = inv[np.clip(arr, 1, top)]
+            out = 1.0 / (s * (table[np.minimum(np.maximum(arr, 1), top)] + a))
             over = arr > top
-            if np.any(over):
+            if over.any():
                 out = np.where(over, 1.0 / (s * (t_top * arr / top + a)), out)
             return out
 
