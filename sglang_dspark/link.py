@@ -138,6 +138,8 @@ class ControllerLink:
             msg["budget_tokens"] = int(rec.budget_tokens)
         if rec.predicted_step_s:
             msg["predicted_step_time_s"] = float(rec.predicted_step_s)
+        if getattr(rec, "uniform", False):
+            msg["uniform"] = True
         self.client.publish_step(msg)
 
     def state(self) -> dict:

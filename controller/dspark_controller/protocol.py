@@ -171,6 +171,9 @@ class StepTelemetry(BaseModel):
     budget_tokens: Optional[int] = Field(default=None, ge=0)
     predicted_step_time_s: Optional[PosFinite] = None
     timestamp: NonNegFinite = 0.0
+    # a full-budget step on SGLang's uniform verify path, which can cost less than a ragged
+    # step one token short: once the profile is ready it is kept out of it (as the worker does)
+    uniform: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> "StepTelemetry":

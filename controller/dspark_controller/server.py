@@ -525,7 +525,7 @@ class Controller:
             self.counters["telemetry_subsampled"] = self.counters.get("telemetry_subsampled", 0) + 1
             return
         self.counters["telemetry_learned"] = self.counters.get("telemetry_learned", 0) + 1
-        if step.num_running_requests >= 1:
+        if step.num_running_requests >= 1 and not (step.uniform and prof.model.ready):
             if prof.model.update(step.num_running_requests, step.verify_tokens, step.step_time_s):
                 prof.samples_seen += 1
                 prof.dirty_publish = prof.dirty_persist = True

@@ -173,11 +173,14 @@ class Backend:
             self._brain_cfg_cls = BudgetConfig
 
     # ---- K from a lagged survival array [R, gamma]
-    def brain(self, *, local_model: Any, config: BrainConfig, latest_decision: Any = None) -> Any:
+    def brain(self, *, local_model: Any, config: BrainConfig, latest_decision: Any = None,
+              uniform_step_time: Any = None) -> Any:
         if self.name == "worker":
             cfg = self._brain_cfg_cls(**config.__dict__)
-            return self._brain_cls(local_model=local_model, config=cfg, latest_decision=latest_decision)
-        return PlannerBrain(local_model=local_model, config=config, latest_decision=latest_decision)
+            return self._brain_cls(local_model=local_model, config=cfg, latest_decision=latest_decision,
+                                   uniform_step_time=uniform_step_time)
+        return PlannerBrain(local_model=local_model, config=config, latest_decision=latest_decision,
+                            uniform_step_time=uniform_step_time)
 
     def brain_decide(self, brain: Any, survival: np.ndarray, gamma: int) -> Optional[int]:
         if self.name == "worker":
@@ -304,12 +307,12 @@ class SimController:
         return self.ctrl.profiles[self._fp.profile_key()].model if self.ctrl.profiles else None
 
     def observe(self, idx: int, now: float, R: int, B: int, t: float, accepted: np.ndarray,
-                lengths: np.ndarray) -> None:
+                lengths: np.ndarray, uniform: bool = False) -> None:
         from .protocol import StepTelemetry
 
         eng = self._engine(idx)
         self._seq[idx] += 1
-        kw: dict[str, Any] = {}
+        kw: dict[str, Any] = {"uniform": True} if uniform else {}
         if self.send_verify_lens:
             kw["verify_lens"] = [int(x) for x in lengths]
         step = StepTelemetry(seq=self._seq[idx], num_running_requests=int(R), verify_tokens=int(B),
@@ -348,8 +351,10 @@ class Policy:
                true_sps: Callable[[Any], Any]) -> Optional[int]:
         return None
 
-    def observe(self, *, now: float, R: int, B: int, t: float, accepted: np.ndarray, lengths: np.ndarray) -> None:
-        pass
+    def observe(self, *, now: float, R: int, B: int, t: float, accepted: np.ndarray, lengths: np.ndarray,
+                uniform: bool = False) -> None:
+        """One finished step; ``uniform``: it ran on SGLang's uniform verify path (see
+        ``Scenario.full_budget_static``)."""
 
     def state(self) -> dict[str, Any]:
         return {"sources": dict(self.sources)}
@@ -392,7 +397,8 @@ class OnlinePolicy(Policy):
         super().__init__()
         self.backend = backend
         self.model = model
-        self.brain = backend.brain(local_model=model, config=config)
+        self.uniform_s: dict[int, float] = {}
+        self.brain = backend.brain(local_model=model, config=config, uniform_step_time=self.uniform_s.get)
 
     def budget(self, *, now, R, gamma, lagged_survival, true_sps):
         k = self.backend.brain_decide(self.brain, lagged_survival, gamma)
@@ -400,8 +406,20 @@ class OnlinePolicy(Policy):
             self.sources["verify_all"] += 1
         return k
 
-    def observe(self, *, now, R, B, t, accepted, lengths):
-        self.model.update(R, B, t)
+    def observe(self, *, now, R, B, t, accepted, lengths, uniform=False):
+        self._learn(R, B, t, uniform)
+
+    def _learn(self, R: int, B: int, t: float, uniform: bool) -> None:
+        """What the worker's telemetry hook does with a step's time (``DSparkControlledWorker``):
+        uniform-path steps keep their own per-R average and stay out of the ready profile."""
+        fed = not uniform or not self.model.ready
+        if uniform and t > 0:
+            old = self.uniform_s.get(R)
+            self.uniform_s[R] = t if old is None else old + 0.1 * (t - old)
+            if not fed:
+                self.brain.uniform_steps += 1
+        if fed:
+            self.model.update(R, B, t)
 
     def state(self) -> dict[str, Any]:
         return {"sources": dict(self.brain.sources) | ({"verify_all": self.sources["verify_all"]}
@@ -422,7 +440,9 @@ class ControllerPolicy(OnlinePolicy):
         self.idx = engine_idx
         self._now = 0.0
         self._R = 0
-        self.brain = backend.brain(local_model=model, config=config, latest_decision=self._latest)
+        self.uniform_s = {}
+        self.brain = backend.brain(local_model=model, config=config, latest_decision=self._latest,
+                                   uniform_step_time=self.uniform_s.get)
 
     @property
     def decision_model(self) -> Any:
@@ -437,9 +457,9 @@ class ControllerPolicy(OnlinePolicy):
         self._now, self._R = now, R
         return super().budget(now=now, R=R, gamma=gamma, lagged_survival=lagged_survival, true_sps=true_sps)
 
-    def observe(self, *, now, R, B, t, accepted, lengths):
-        self.model.update(R, B, t)
-        self.ctrl.observe(self.idx, now, R, B, t, accepted, lengths)
+    def observe(self, *, now, R, B, t, accepted, lengths, uniform=False):
+        self._learn(R, B, t, uniform)
+        self.ctrl.observe(self.idx, now, R, B, t, accepted, lengths, uniform=uniform)
 
 
 class OraclePolicy(Policy):

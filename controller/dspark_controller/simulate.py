@@ -589,7 +589,8 @@ class _Run:
             tokens += add
         eng.decode_steps += 1
         self.records.append((end, dt, 0, R, K, tokens, R, eng.idx))
-        pol.observe(now=end, R=R, B=B, t=dt, accepted=accepted, lengths=lengths)
+        pol.observe(now=end, R=R, B=B, t=dt, accepted=accepted, lengths=lengths, uniform=step_kind == "static"
+                    and kind == "dspark")
         self._finish_done(eng, end)
         if eng.idx == 0:
             if self.t_warm is None and eng.decode_steps >= self.warmup_steps:

@@ -269,3 +269,28 @@ def test_warmup_ramp_is_validated_and_full_budget_static_steps_cost_a_static_ste
     thr = [run_frontier(Scenario(**dict(base, full_budget_static=f)), policies=["online"],
                         backend="planner")[0].throughput for f in (False, True)]
     assert thr[1] > 1.3 * thr[0]     # identical runs but for the flag (exploration steps stay compact)
+
+
+def test_uniform_path_steps_stay_out_of_ready_profiles_in_worker_controller_and_simulator():
+    """A full-budget step on SGLang's uniform path keeps its own per-R time: the simulated
+    worker (as DSparkControlledWorker) and the real controller (telemetry ``uniform``) feed it
+    to a profile only while that profile is not ready yet."""
+    import numpy as np
+
+    from dspark_controller.sim_policies import Backend, BrainConfig, ControllerPolicy, SimController
+    from dspark_controller.sps_model import SpsModel
+
+    ctrl = SimController(gamma=4)
+    pol = ControllerPolicy(Backend("planner"), SpsModel(), BrainConfig(), ctrl, 0, "controller")
+    acc, lens = np.array([2]), np.array([4])
+    pol.observe(now=0.0, R=1, B=5, t=0.010, accepted=acc, lengths=lens, uniform=True)   # cold: fed
+    assert pol.model.steps == 1 and ctrl.model.steps == 1 and pol.uniform_s == {1: 0.010}
+    for i in range(40):                                     # ragged steps make both profiles ready
+        pol.observe(now=0.1 * i, R=1, B=1 + i % 5, t=0.02, accepted=acc, lengths=lens)
+    assert pol.model.ready and ctrl.model.ready
+    steps, ctrl_steps = pol.model.steps, ctrl.model.steps
+    pol.observe(now=5.0, R=1, B=5, t=0.030, accepted=acc, lengths=lens, uniform=True)
+    assert pol.model.steps == steps and ctrl.model.steps == ctrl_steps
+    assert pol.uniform_s[1] == pytest.approx(0.010 + 0.1 * (0.030 - 0.010))
+    assert pol.brain.uniform_steps == 1
+    assert pol.brain.uniform_step_time(1) == pytest.approx(pol.uniform_s[1])   # what the planner compares
