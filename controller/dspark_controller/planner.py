@@ -461,9 +461,10 @@ def compute_lagged_budget(lagged_confidences: Any, sps: SpsFn, *, max_tokens: Op
 
 
 def clean_survival(survival: Any) -> np.ndarray:
-    """A survival matrix ``[R, positions]`` as the planner assumes it: float64, NaN and
-    negatives 0, at most 1, non-increasing along each row (what
-    :func:`survival_to_confidences` followed by a cumulative product gives back)."""
+    """A survival matrix ``[R, positions]`` as the fast planner assumes it: float64, NaN and
+    negatives 0, at most 1, non-increasing along each row (a running minimum).  Survival
+    from SGLang (a cumulative product of confidences) and from the worker's calibrator
+    already is; for such rows it equals ``cumprod(survival_to_confidences(s))``."""
     s = np.fmin(np.fmax(np.asarray(survival, dtype=np.float64), 0.0), 1.0)   # fmax: NaN -> 0
     return np.minimum.accumulate(s, axis=1) if s.ndim == 2 and s.shape[1] > 1 else s
 
