@@ -1,8 +1,9 @@
-"""CLI: ``python -m sglang_dspark.train {draft,tiny-pair,export-dflash} ...``
+"""CLI: ``python -m sglang_dspark.train {draft,tiny-pair,export-dflash,conf-finetune} ...``
 
   draft        train a DSpark (or --mode dflash) drafter for a local HF causal-LM target
   tiny-pair    build the tiny stdlib-trained target + both drafters + tau report
   export-dflash  make a DFlash-mode draft servable by SGLang's DSPARK (zero Markov head)
+  conf-finetune  refit only a DSpark draft's confidence head on its own sampled rollouts
 """
 
 from __future__ import annotations
@@ -36,6 +37,16 @@ def _pos_int(s: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
     if v < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _pos_float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}")
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {s}")
     return v
 
 
@@ -88,6 +99,52 @@ def _parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export-dflash", help="serve a DFlash-mode draft under SGLang DSPARK")
     e.add_argument("--draft", required=True, type=Path)
     e.add_argument("--out", required=True, type=Path)
+
+    from .conf_finetune import LABELS, POSITION_WEIGHTS, PREFIX_MODES, ConfFinetuneConfig
+
+    c0 = ConfFinetuneConfig()
+    c = sub.add_parser(
+        "conf-finetune",
+        help="refit only the confidence head on the draft's own sampled rollouts "
+             "(drafting and the served distribution are unchanged)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    c.add_argument("--target", required=True, type=Path, help="local HF target directory")
+    c.add_argument("--draft", required=True, type=Path, help="DSpark draft directory (input)")
+    c.add_argument("--out", required=True, type=Path,
+                   help="output draft directory: the input with new confidence-head tensors")
+    c.add_argument("--data", nargs="+", type=Path, default=None,
+                   help="context corpus (.jsonl chat / plain text, as for `draft`); default: "
+                        "the tiny pair's drafter corpus (training stdlib files, never held-out)")
+    c.add_argument("--rollouts", type=_pos_int, default=c0.rollouts,
+                   help="drafted blocks (one anchor each)")
+    c.add_argument("--rollout-batch", type=_pos_int, default=c0.rollout_batch,
+                   help="windows per target forward")
+    c.add_argument("--min-context", type=_pos_int, default=c0.min_context,
+                   help="shortest context window (tokens, anchor included)")
+    c.add_argument("--max-context", type=_pos_int, default=c0.max_context)
+    c.add_argument("--generate", type=int, default=c0.generate,
+                   help="extend each corpus window by 0..N tokens the target samples at "
+                        "--temperature, so anchors lie in generated text as when serving")
+    c.add_argument("--temperature", type=_pos_float, default=c0.temperature,
+                   help="sampling temperature the head is calibrated for (> 0)")
+    c.add_argument("--steps", type=_pos_int, default=c0.steps, help="Adam steps")
+    c.add_argument("--batch-size", type=_pos_int, default=c0.batch_size, help="rollouts per step")
+    c.add_argument("--lr", type=_pos_float, default=c0.lr)
+    c.add_argument("--label", choices=LABELS, default=c0.label,
+                   help="tv: soft label 1 - TV(q_k, p_k) (paper); accept: realised acceptance")
+    c.add_argument("--prefix", choices=PREFIX_MODES, default=c0.prefix,
+                   help="sampled: train position k only where positions < k were accepted "
+                        "in the simulated rejection sampling; expected: weight by that probability")
+    c.add_argument("--position-weight", choices=POSITION_WEIGHTS, default=c0.position_weight,
+                   help="decay: exp(-(k-1)/decay) like the drafter loss; uniform")
+    c.add_argument("--decay", type=_pos_float, default=c0.decay)
+    c.add_argument("--eval-frac", type=float, default=c0.eval_frac,
+                   help="fraction of rollouts held out for the offline ECE report, in [0, 1)")
+    c.add_argument("--seq-len", type=_pos_int, default=512,
+                   help="corpus chunk length (windows are cut inside chunks)")
+    c.add_argument("--device", default="cpu")
+    c.add_argument("--seed", type=int, default=c0.seed)
+    c.add_argument("--threads", type=_pos_int, default=None, help="torch CPU threads")
     return p
 
 
@@ -129,6 +186,8 @@ def _run(args) -> int:
         print(json.dumps({"out": str(args.out)}))
         return 0
     _check_device(args.device)
+    if args.cmd == "conf-finetune":
+        return _conf_finetune(args)
     if args.cmd == "tiny-pair":
         from .tiny_pair import FAST, TinyPairConfig, run_tiny_pair
 
@@ -180,6 +239,57 @@ def _run(args) -> int:
         validate_draft(args.out, args.target)
     print(json.dumps({"out": str(args.out), "wall_s": round(res.wall_s, 1),
                       "final": res.history[-1]}))
+    return 0
+
+
+def _conf_finetune(args) -> int:
+    from .conf_finetune import (ConfFinetuneConfig, check_draft, run_conf_finetune,
+                                stdlib_draft_corpus)
+    from .data import load_corpus
+
+    for flag, d in (("--target", args.target), ("--draft", args.draft)):
+        if not (d / "config.json").is_file():
+            raise CliError(f"{flag} {d} is not a model directory (no config.json).")
+    if args.out.resolve() == args.draft.resolve():
+        raise CliError("--out must differ from --draft (the input draft is left untouched).")
+    if args.out.exists() and not args.out.is_dir():
+        raise CliError(f"--out {args.out} exists and is not a directory.")
+    if not 0 <= args.eval_frac < 1:
+        raise CliError(f"--eval-frac must be in [0, 1), got {args.eval_frac}.")
+    if args.min_context < 2 or args.max_context < args.min_context:
+        raise CliError(f"need 2 <= --min-context <= --max-context, got {args.min_context} "
+                       f"and {args.max_context}.")
+    if args.generate < 0:
+        raise CliError(f"--generate must be >= 0, got {args.generate}.")
+    if args.seq_len < args.max_context:
+        raise CliError(f"--seq-len {args.seq_len} must be >= --max-context {args.max_context}.")
+    check_draft(args.draft)
+    cfg = ConfFinetuneConfig(
+        rollouts=args.rollouts, rollout_batch=args.rollout_batch, min_context=args.min_context,
+        max_context=args.max_context, generate=args.generate, temperature=args.temperature,
+        steps=args.steps, batch_size=args.batch_size, lr=args.lr, label=args.label,
+        prefix=args.prefix, position_weight=args.position_weight, decay=args.decay,
+        eval_frac=args.eval_frac, seed=args.seed, device=args.device)
+    cfg.validate()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(args.target), local_files_only=True)
+    if args.data:
+        seqs = load_corpus(tok, args.data, args.seq_len)
+        desc = "files: " + ", ".join(map(str, args.data))
+    else:
+        seqs, desc = stdlib_draft_corpus(tok, args.seq_len)
+    rep = run_conf_finetune(target_dir=args.target, draft_dir=args.draft, out_dir=args.out,
+                            seqs=seqs, cfg=cfg, data_desc=desc)
+    summary = {"out": str(args.out), "wall_s": rep["wall_s"], "rollouts": rep["rollouts"],
+               "loss_before": round(rep["loss_before"], 5),
+               "loss_after": round(rep["loss_after"], 5)}
+    for tag in ("before", "after"):
+        m = rep.get(f"offline_{tag}")
+        if m:
+            summary[f"offline_heldout_ece_after_sts_{tag}"] = [
+                round(x["ece_after"], 4) for x in m["heldout"]]
+    print(json.dumps(summary))
     return 0
 
 
