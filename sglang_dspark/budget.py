@@ -43,9 +43,9 @@ from sglang.srt.speculative.dspark_components.dspark_planner import (
     compute_verify_token_budget,
 )
 
-from dspark_controller.planner import (_operator_pinned, budget_from_controller, clean_survival,
-                                       compute_lagged_budget, controller_allows_uniform, explore_budget, exploration_probability,
-                                       lagged_budget_fast, uniform_throughput)
+from dspark_controller.planner import (_operator_pinned, budget_from_controller, clean_survival, clip01,
+                                       compute_lagged_budget, controller_allows_uniform, explore_budget,
+                                       exploration_probability, lagged_budget_fast, uniform_throughput)
 from dspark_controller.planner import survival_to_confidences as _survival_to_confidences
 
 logger = logging.getLogger(__name__)
@@ -129,14 +129,15 @@ class SurvivalCalibrator:
             self._cols = np.arange(gamma)
 
     def _bin(self, s: np.ndarray) -> np.ndarray:
-        return np.clip((np.nan_to_num(s, nan=0.0) * self.bins).astype(np.int64), 0, self.bins - 1)
+        """Survival bin per entry, for an array already in [0, 1] (:func:`clip01`)."""
+        return np.minimum((s * self.bins).astype(np.int64), self.bins - 1)
 
     def apply(self, survival: np.ndarray) -> np.ndarray:
         """Calibrated survival, same shape ``[R, gamma]``."""
-        s = np.fmin(np.fmax(np.asarray(survival, dtype=np.float64), 0.0), 1.0)   # fmax: NaN -> 0
+        s = clip01(survival)
         if self.n is None or self.observations == 0 or s.shape[1] != self.n.shape[0]:
             return s
-        b = np.minimum((s * self.bins).astype(np.int64), self.bins - 1)
+        b = self._bin(s)
         n, a = self.n[self._cols, b], self.a[self._cols, b]
         cal = (a + self.prior_weight * s) / (n + self.prior_weight)
         return np.minimum.accumulate(np.clip(cal, 0.0, 1.0), axis=1)
@@ -155,7 +156,7 @@ class SurvivalCalibrator:
         seen = ver > pos
         if not seen.any():
             return
-        cell = (pos * self.bins + self._bin(s))[seen]          # flat (position, bin) index
+        cell = (pos * self.bins + self._bin(clip01(s)))[seen]  # flat (position, bin) index
         size = gamma * self.bins
         self.n *= self.decay
         self.a *= self.decay

@@ -23,10 +23,10 @@ from __future__ import annotations
 import logging
 import os
 import time
-
-import numpy as np
 from typing import Optional
 
+import numpy as np
+from dspark_controller.planner import learn_step_time
 from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
 
 import sglang_dspark
@@ -175,21 +175,11 @@ class DSparkControlledWorker(DSparkWorkerV2):
                 and self._online_planner is not None and self._online_planner.calibrator is not None):
             self._online_planner.calibrator.observe(rec.survival, rec.accepted_lens, rec.verify_lens)
         rec.survival = None
-        model = self._local_model
         self._stats.add(rec, rec.predicted_step_s)
-        # the profile stays the ragged layout's curve (monotone in B, which it can represent);
-        # until it is ready, uniform steps (SGLang's verify-all fallback) feed it too, or it
-        # would learn only from exploration and start planning late
-        fed = model is not None and (not rec.uniform or not model.ready)
-        if rec.uniform and rec.step_time_s > 0:
-            # the uniform path keeps its own cost (planner: BudgetBrain._uniform_if_better)
-            old = self._uniform_s.get(rec.num_requests)
-            self._uniform_s[rec.num_requests] = (rec.step_time_s if old is None
-                                                 else old + 0.1 * (rec.step_time_s - old))
-            if not fed:
-                self._brain.uniform_steps += 1
-        if fed:
-            model.update(rec.num_requests, rec.verify_tokens, rec.step_time_s)
+        # uniform-path steps keep their own per-R time (BudgetBrain._uniform_if_better) and
+        # feed the profile only until it is ready, or it would learn only from exploration
+        learn_step_time(self._local_model, self._uniform_s, self._brain, num_req=rec.num_requests,
+                        batch_tokens=rec.verify_tokens, step_s=rec.step_time_s, uniform=rec.uniform)
         if self._link is not None:
             self._link.publish(rec)
         if self._metrics is not None:

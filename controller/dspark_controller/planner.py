@@ -460,12 +460,18 @@ def compute_lagged_budget(lagged_confidences: Any, sps: SpsFn, *, max_tokens: Op
                         num_requests=R, explanation=tuple(expl), sla_met=sla_met)
 
 
+def clip01(x: Any) -> np.ndarray:
+    """float64 array clamped to [0, 1] with NaN -> 0 (``fmax`` drops NaN), in two ufuncs
+    (``nan_to_num`` + ``clip`` cost several times more on the planner's hot path)."""
+    return np.fmin(np.fmax(np.asarray(x, dtype=np.float64), 0.0), 1.0)
+
+
 def clean_survival(survival: Any) -> np.ndarray:
     """A survival matrix ``[R, positions]`` as the fast planner assumes it: float64, NaN and
     negatives 0, at most 1, non-increasing along each row (a running minimum).  Survival
     from SGLang (a cumulative product of confidences) and from the worker's calibrator
     already is; for such rows it equals ``cumprod(survival_to_confidences(s))``."""
-    s = np.fmin(np.fmax(np.asarray(survival, dtype=np.float64), 0.0), 1.0)   # fmax: NaN -> 0
+    s = clip01(survival)
     return np.minimum.accumulate(s, axis=1) if s.ndim == 2 and s.shape[1] > 1 else s
 
 
@@ -580,8 +586,7 @@ def uniform_throughput(survival: Any, *, num_req: int, uniform_step_s: Optional[
     token short, which a profile monotone in B cannot represent."""
     if not uniform_step_s or uniform_step_s <= 0:
         return None
-    s = np.fmin(np.fmax(np.asarray(survival, dtype=np.float64), 0.0), 1.0)   # fmax: NaN -> 0
-    return (int(num_req) + float(s.sum())) / float(uniform_step_s)
+    return (int(num_req) + float(clip01(survival).sum())) / float(uniform_step_s)
 
 
 def explore_budget(model: Any, *, num_req: int, full: int, rng: Any) -> int:
@@ -602,6 +607,33 @@ def explore_budget(model: Any, *, num_req: int, full: int, rng: Any) -> int:
     w = np.asarray(weights(int(num_req), int(num_req) + np.arange(full + 1)), dtype=np.float64)
     ties = np.flatnonzero(w <= w.min() + 1e-9)
     return int(ties[min(int(u * 2.0 * len(ties)), len(ties) - 1)])
+
+
+UNIFORM_EMA = 0.1      # weight of a new uniform-path step in its per-R average
+
+
+def profile_takes_step(model: Any, uniform: bool) -> bool:
+    """Whether a profile learns from a step: uniform-path steps only until it is ready (the
+    profile is the ragged layout's curve, monotone in B; a uniform full-budget step can cost
+    less than a ragged one a token short).  Worker, controller and simulator share it."""
+    return not (uniform and model.ready)
+
+
+def learn_step_time(model: Any, uniform_s: dict, brain: Any, *, num_req: int, batch_tokens: int,
+                    step_s: float, uniform: bool) -> None:
+    """A worker's measured step time, routed as ``DSparkControlledWorker`` does (and the
+    simulator's policies, through this same function): uniform-path steps update the per-R
+    average ``uniform_s`` (what ``BudgetBrain._uniform_if_better`` compares), and count for
+    ``brain``'s exploration schedule when the profile ``model`` (None: none) does not take
+    them; the other steps, and uniform ones while the profile is not ready, feed the profile."""
+    fed = model is not None and profile_takes_step(model, uniform)
+    if uniform and step_s > 0:
+        old = uniform_s.get(num_req)
+        uniform_s[num_req] = step_s if old is None else old + UNIFORM_EMA * (step_s - old)
+        if not fed:
+            brain.uniform_steps += 1
+    if fed:
+        model.update(num_req, batch_tokens, step_s)
 
 
 def controller_allows_uniform(d: Any) -> bool:

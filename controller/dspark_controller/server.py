@@ -40,7 +40,7 @@ import zmq
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .endpoints import DEFAULT_BASE, ConfigError, Endpoints, load_curve_keypair, require_safe_bind
-from .planner import PlanError, compute_lagged_budget
+from .planner import PlanError, compute_lagged_budget, profile_takes_step
 from .profile_file import (ErrorMetrics, ProfileFile, SpsModelState, load_profile, make_provenance,
                            profile_path, save_profile)
 from .protocol import (
@@ -525,7 +525,7 @@ class Controller:
             self.counters["telemetry_subsampled"] = self.counters.get("telemetry_subsampled", 0) + 1
             return
         self.counters["telemetry_learned"] = self.counters.get("telemetry_learned", 0) + 1
-        if step.num_running_requests >= 1 and not (step.uniform and prof.model.ready):
+        if step.num_running_requests >= 1 and profile_takes_step(prof.model, step.uniform):
             if prof.model.update(step.num_running_requests, step.verify_tokens, step.step_time_s):
                 prof.samples_seen += 1
                 prof.dirty_publish = prof.dirty_persist = True

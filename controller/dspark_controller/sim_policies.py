@@ -39,8 +39,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from .planner import (_operator_pinned, budget_from_controller, compute_lagged_budget, controller_allows_uniform,
-                      explore_budget, exploration_probability, plan_lagged, sps_from_pairs, survival_to_confidences,
-                      uniform_throughput)
+                      explore_budget, exploration_probability, learn_step_time, plan_lagged, sps_from_pairs,
+                      survival_to_confidences, uniform_throughput)
 
 __all__ = ["Backend", "PlannerBrain", "make_policy", "POLICY_NAMES", "BrainConfig", "SimController",
            "resolve_backend"]
@@ -64,10 +64,11 @@ class BrainConfig:
 class _Decision:
     """The subset of ``VerifyBudgetDecision`` the simulator reads."""
 
-    __slots__ = ("budget",)
+    __slots__ = ("budget", "predicted_theta")
 
-    def __init__(self, budget: int) -> None:
+    def __init__(self, budget: int, predicted_theta: Optional[float] = None) -> None:
         self.budget = int(budget)
+        self.predicted_theta = predicted_theta
 
 
 class PlannerBrain:
@@ -105,18 +106,16 @@ class PlannerBrain:
             return None
         if not model.ready:
             return None
-        conf = survival_to_confidences(survival[:, :max_len])
-        lb = compute_lagged_budget(conf, model.sps_function(num_req))
-        k = self._uniform_or(lb, survival, max_len, num_req, full)
-        return self._note("local", _Decision(k))
+        planned = self._argmax(survival, max_len, model.sps_function(num_req))
+        return self._note("local", _Decision(self._uniform_or(planned, survival, max_len, num_req, full)))
 
-    def _uniform_or(self, lb: Any, survival: np.ndarray, max_len: int, num_req: int, full: int) -> int:
-        """``lb``'s K, or every token when the measured uniform path gives more (as the worker)."""
-        k = int(lb.budget_tokens)
+    def _uniform_or(self, planned: _Decision, survival: np.ndarray, max_len: int, num_req: int, full: int) -> int:
+        """``planned``'s K, or every token when the measured uniform path gives more (as the worker)."""
+        k = planned.budget
         if self.uniform_step_time is not None and k < full:
             theta_u = uniform_throughput(survival[:, :max_len], num_req=num_req,
                                          uniform_step_s=self.uniform_step_time(num_req))
-            if theta_u is not None and theta_u >= float(lb.predicted_throughput):
+            if theta_u is not None and theta_u >= float(planned.predicted_theta):
                 return full
         return k
 
@@ -130,17 +129,11 @@ class PlannerBrain:
             k = self._uniform_or(planned, survival, max_len, num_req, full)
         return _Decision(k)
 
-    class _Planned:
-        __slots__ = ("budget", "budget_tokens", "predicted_throughput")
-
-        def __init__(self, lb: Any) -> None:
-            self.budget = self.budget_tokens = int(lb.budget_tokens)
-            self.predicted_throughput = float(lb.predicted_throughput)
-
-    @classmethod
-    def _argmax(cls, survival: np.ndarray, max_len: int, sps: Any, sla_floor: Optional[float] = None) -> Any:
+    @staticmethod
+    def _argmax(survival: np.ndarray, max_len: int, sps: Any, sla_floor: Optional[float] = None) -> _Decision:
         conf = survival_to_confidences(survival[:, :max_len])
-        return cls._Planned(compute_lagged_budget(conf, sps, sla_floor=sla_floor))
+        lb = compute_lagged_budget(conf, sps, sla_floor=sla_floor)
+        return _Decision(lb.budget_tokens, float(lb.predicted_throughput))
 
     def _note(self, source: str, d: _Decision) -> _Decision:
         self.sources[source] += 1
@@ -410,16 +403,9 @@ class OnlinePolicy(Policy):
         self._learn(R, B, t, uniform)
 
     def _learn(self, R: int, B: int, t: float, uniform: bool) -> None:
-        """What the worker's telemetry hook does with a step's time (``DSparkControlledWorker``):
-        uniform-path steps keep their own per-R average and stay out of the ready profile."""
-        fed = not uniform or not self.model.ready
-        if uniform and t > 0:
-            old = self.uniform_s.get(R)
-            self.uniform_s[R] = t if old is None else old + 0.1 * (t - old)
-            if not fed:
-                self.brain.uniform_steps += 1
-        if fed:
-            self.model.update(R, B, t)
+        """What the worker's telemetry hook does with a step's time (the same function)."""
+        learn_step_time(self.model, self.uniform_s, self.brain, num_req=R, batch_tokens=B, step_s=t,
+                        uniform=uniform)
 
     def state(self) -> dict[str, Any]:
         return {"sources": dict(self.brain.sources) | ({"verify_all": self.sources["verify_all"]}

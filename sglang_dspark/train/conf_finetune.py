@@ -65,6 +65,7 @@ import torch
 import torch.nn.functional as F
 
 from .data import Sequence
+from .loss import position_weights
 from .model import DSparkDraft, load_draft
 from .target import Target
 
@@ -187,6 +188,14 @@ def prefix_probability(accept_prob: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def gumbel_argmax(logits: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
+    """One sample per row of ``softmax(logits)`` by SGLang's Gumbel-max: ``argmax(logits -
+    log(-log1p(-u)))``; uniforms drawn on the CPU when ``gen`` (a CPU generator) is given."""
+    u = torch.rand(logits.shape, generator=gen, device=logits.device if gen is None else "cpu"
+                   ).to(logits.device).clamp_(1e-12, 1 - 1e-7)
+    return (logits - torch.log(-torch.log1p(-u))).argmax(-1)
+
+
 def sample_block(draft: DSparkDraft, base: torch.Tensor, anchor: torch.Tensor,
                  temperature: float, gen: torch.Generator | None):
     """SGLang's sampled Markov draft of one block per row.
@@ -200,11 +209,8 @@ def sample_block(draft: DSparkDraft, base: torch.Tensor, anchor: torch.Tensor,
     drafts, prevs, qs = [], [], []
     for k in range(G):
         logits = (base[:, k] + draft.markov_head(prev)).float() / temperature
-        u = torch.rand((B, V), generator=gen, device=base.device if gen is None else "cpu"
-                       ).to(base.device).clamp_(1e-12, 1 - 1e-7)
-        key = logits - torch.log(-torch.log1p(-u))
         prevs.append(prev)
-        prev = key.argmax(-1)
+        prev = gumbel_argmax(logits, gen)
         drafts.append(prev)
         qs.append(F.softmax(logits, dim=-1))
     return torch.stack(drafts, 1), torch.stack(prevs, 1), torch.stack(qs, 1)
@@ -250,9 +256,7 @@ def generate(target: Target, prompts: torch.Tensor, n: int, temperature: float,
     out = target.model(input_ids=seq, use_cache=True)
     new = []
     for i in range(n):
-        logits = out.logits[:, -1].float() / temperature
-        u = torch.rand(logits.shape, generator=gen).to(dev).clamp_(1e-12, 1 - 1e-7)
-        tok = (logits - torch.log(-torch.log1p(-u))).argmax(-1, keepdim=True)
+        tok = gumbel_argmax(out.logits[:, -1].float() / temperature, gen)[:, None]
         new.append(tok)
         if i + 1 < n:
             out = target.model(input_ids=tok, past_key_values=out.past_key_values, use_cache=True)
@@ -310,7 +314,7 @@ def loss_weights(r: Rollouts, cfg: ConfFinetuneConfig) -> torch.Tensor:
     """[N, G] per-position weights: prefix condition x position weight."""
     w = r.prefix_ok.float() if cfg.prefix == "sampled" else r.prefix_prob.float()
     if cfg.position_weight == "decay":
-        w = w * torch.exp(-torch.arange(r.gamma, dtype=torch.float32) / cfg.decay)
+        w = w * position_weights(r.gamma, cfg.decay)
     return w
 
 
