@@ -9,6 +9,10 @@ Each line is DeepSpec-format ``{"turns": ["<6 source lines>"]}``; use it with
 Deterministic for a given CPython version: fixed files, evenly spaced line windows.
 Many short, independent prompts matter for calibration: acceptance varies from file to
 file, and ECE on a held-out half is only meaningful when both halves mix many files.
+
+Committed sets: ``stdlib-heldout.jsonl`` (default, 600 prompts) and
+``stdlib-heldout-large.jsonl`` (``--per-file 160 --out stdlib-heldout-large.jsonl``,
+2386 prompts; what the ECE target is measured on, docs/evaluation.md).
 """
 
 import argparse

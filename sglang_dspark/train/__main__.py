@@ -93,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--block-size", type=_pos_int, default=None)
     t.add_argument("--conf-label", choices=("tv", "greedy"), default=None,
                    help="the DSpark drafter's confidence label (default tv, the paper's)")
+    t.add_argument("--conf-finetune", choices=("tv", "survival", "accept", "none"), default=None,
+                   help="refit the DSpark draft's confidence head on its own T = 1 rollouts "
+                        "with this label (default tv; none skips; see `conf-finetune`)")
     t.add_argument("--reuse-target", action="store_true",
                    help="keep OUT/target if a previous run trained it (drafters only)")
 
@@ -131,7 +134,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--batch-size", type=_pos_int, default=c0.batch_size, help="rollouts per step")
     c.add_argument("--lr", type=_pos_float, default=c0.lr)
     c.add_argument("--label", choices=LABELS, default=c0.label,
-                   help="tv: soft label 1 - TV(q_k, p_k) (paper); accept: realised acceptance")
+                   help="tv: soft label 1 - TV(q_k, p_k) (paper); accept: realised acceptance; "
+                        "survival: fit prod_{i<=k} c_k to the block's survival prod_{i<=k} "
+                        "min(1, p/q) (the quantity STS calibrates; --prefix is ignored)")
     c.add_argument("--prefix", choices=PREFIX_MODES, default=c0.prefix,
                    help="sampled: train position k only where positions < k were accepted "
                         "in the simulated rejection sampling; expected: weight by that probability")
@@ -201,6 +206,8 @@ def _run(args) -> int:
             over["block_size"] = args.block_size
         if args.conf_label:
             over["conf_label"] = args.conf_label
+        if args.conf_finetune:
+            over["conf_finetune"] = "" if args.conf_finetune == "none" else args.conf_finetune
         cfg = replace(cfg, **over)
         if args.target_steps:
             cfg = replace(cfg, target=replace(cfg.target, steps=args.target_steps))

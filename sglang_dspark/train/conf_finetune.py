@@ -69,7 +69,7 @@ from .loss import position_weights
 from .model import DSparkDraft, load_draft
 from .target import Target
 
-LABELS = ("tv", "accept")
+LABELS = ("tv", "accept", "survival")
 PREFIX_MODES = ("sampled", "expected")
 POSITION_WEIGHTS = ("decay", "uniform")
 CONF_TENSORS = ("confidence_head.proj.weight", "confidence_head.proj.bias")
@@ -91,7 +91,9 @@ class ConfFinetuneConfig:
     steps: int = 600               # Adam steps on the collected rollouts
     batch_size: int = 1024         # rollouts per step
     lr: float = 5e-3
-    label: str = "tv"              # "tv": 1 - TV_k (soft); "accept": realised acceptance
+    label: str = "tv"              # "tv": 1 - TV_k (soft); "accept": realised acceptance;
+    #                                "survival": fit the product prod_{i<=k} c_i to the
+    #                                block's survival prod_{i<=k} a_i (what STS scores)
     prefix: str = "sampled"        # "sampled": only blocks whose prefix was accepted;
     #                                "expected": weight = P(prefix accepted | drafts)
     position_weight: str = "decay"  # "decay": exp(-(k-1)/decay) as in the trainer; "uniform"
@@ -328,7 +330,28 @@ def conf_logits(head: torch.nn.Module, markov_w1: torch.Tensor, r: Rollouts) -> 
     return head(feats).squeeze(-1)
 
 
+def survival_loss(logits: torch.Tensor, survival: torch.Tensor,
+                  weights: torch.Tensor) -> torch.Tensor:
+    """BCE between the served survival ``prod_{i<=k} sigmoid(z_i)`` and the block's exact
+    survival probability ``prod_{i<=k} a_i`` (given its drafted tokens, the chain test
+    accepts positions 1..k with that probability), weighted per position; computed in
+    log space so long blocks of confident positions stay finite."""
+    log_s = torch.cumsum(F.logsigmoid(logits), dim=-1)                 # log S_hat <= 0
+    near_one = log_s > -0.693        # log(1 - S_hat): expm1 near S_hat = 1, log1p below;
+    #                                  each branch gets inputs where it is finite (no NaN grads)
+    log_1ms = torch.where(near_one, torch.log(-torch.expm1(log_s.clamp(max=-1e-30))),
+                          torch.log1p(-torch.exp(log_s.clamp(max=-0.693))))
+    bce = -(survival * log_s + (1.0 - survival) * log_1ms)
+    return (bce * weights).sum() / weights.sum().clamp(min=1e-6)
+
+
 def head_loss(head, markov_w1, r: Rollouts, cfg: ConfFinetuneConfig) -> torch.Tensor:
+    if cfg.label == "survival":   # unconditional event: no prefix restriction
+        w = torch.ones_like(r.accept_prob)
+        if cfg.position_weight == "decay":
+            w = w * position_weights(r.gamma, cfg.decay)
+        return survival_loss(conf_logits(head, markov_w1, r),
+                             torch.cumprod(r.accept_prob.float(), dim=-1), w)
     w = loss_weights(r, cfg)
     bce = F.binary_cross_entropy_with_logits(conf_logits(head, markov_w1, r), labels(r, cfg),
                                              reduction="none")

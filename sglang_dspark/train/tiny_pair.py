@@ -7,7 +7,10 @@
    steps and seed; only the heads and the loss differ);
 4. both checkpoints checked with ``validate_draft``; the DFlash-mode draft is
    exported for serving as a DSPARK draft with a zero Markov head (identical math);
-5. tau on held-out prompts: offline (HF simulation) and through the real SGLang
+5. the DSpark drafter's confidence head refitted on its own T = 1 rollouts
+   (:mod:`.conf_finetune`, ``conf_finetune`` label; only the two head tensors change, so
+   drafting and tau are unchanged): ``draft-dspark-confft`` is the calibrated draft;
+6. tau on held-out prompts: offline (HF simulation) and through the real SGLang
    engine (greedy, static verify, same block size for both).
 """
 
@@ -55,6 +58,8 @@ class TinyPairConfig:
     anchors_per_seq: int = 24
     draft_lr: float = 2e-3
     conf_label: str = "tv"        # the DSpark drafter's confidence label (loss.LossWeights)
+    conf_finetune: str = "tv"     # refit the head on rollouts with this label ("" = skip)
+    conf_finetune_rollouts: int = 16384
     eval_prompts: int = 16
     sim_prompts: int = 4          # offline (HF) simulation is slow on CPU: a few prompts
     prompt_len: int = 48
@@ -65,7 +70,8 @@ class TinyPairConfig:
 
 FAST = TinyPairConfig(target=replace(TinyTargetConfig(), steps=60, batch_size=8,
                                      max_train_chars=200_000),
-                      draft_steps=30, eval_prompts=4, sim_prompts=2, max_new_tokens=24, engine_eval=False)
+                      draft_steps=30, eval_prompts=4, sim_prompts=2, max_new_tokens=24, engine_eval=False,
+                      conf_finetune_rollouts=512)
 
 
 def _texts(files) -> list[str]:
@@ -191,6 +197,18 @@ def run_tiny_pair(out: Path, cfg: TinyPairConfig = TinyPairConfig(), log=print,
         dirs[mode] = out / f"draft-{mode}"
     served = {"dspark": dirs["dspark"],
               "dflash": export_dflash_as_neutral_dspark(dirs["dflash"], out / "draft-dflash-served")}
+    if cfg.conf_finetune and cfg.conf_label == "tv":   # a greedy-label head is for T = 0
+        from .conf_finetune import ConfFinetuneConfig, run_conf_finetune, stdlib_draft_corpus
+
+        cseqs, desc = stdlib_draft_corpus(target.tokenizer)
+        ccfg = replace(ConfFinetuneConfig(), label=cfg.conf_finetune, device=cfg.device,
+                       rollouts=cfg.conf_finetune_rollouts)
+        crep = run_conf_finetune(target_dir=tdir, draft_dir=dirs["dspark"],
+                                 out_dir=out / "draft-dspark-confft", seqs=cseqs, cfg=ccfg,
+                                 data_desc=desc, log=log)
+        report["conf_finetune"] = {"label": cfg.conf_finetune, "wall_s": crep["wall_s"],
+                                   "out": "draft-dspark-confft"}
+        served["dspark"] = out / "draft-dspark-confft"
     for mode, d in served.items():
         validate_draft(d, tdir)
 

@@ -100,6 +100,75 @@ def test_masked_positions_do_not_enter_the_loss():
     assert not torch.allclose(head_loss(head, w1, moved, cfg), base)
 
 
+def test_survival_loss_matches_bce_of_the_product_and_ignores_the_prefix_mask():
+    """``label="survival"``: BCE(prod_{i<=k} sigmoid(z_i), prod_{i<=k} a_i), every position
+    (the event is unconditional, so positions after a rejection still count), stable for
+    very confident heads."""
+    g = torch.Generator().manual_seed(4)
+    N, G, H, r_ = 16, 4, 5, 3
+    r = Rollouts(hidden=torch.randn(N, G, H, generator=g),
+                 prev=torch.randint(10, (N, G), generator=g),
+                 drafts=torch.zeros(N, G, dtype=torch.long), tv=torch.rand(N, G, generator=g),
+                 accept_prob=torch.rand(N, G, generator=g),
+                 accepted=torch.rand(N, G, generator=g) < 0.5)
+    head = torch.nn.Linear(H + r_, 1)
+    w1 = torch.randn(10, r_, generator=g)
+    cfg = ConfFinetuneConfig(label="survival", position_weight="uniform")
+    cfg.validate()
+    z = cf.conf_logits(head, w1, r)
+    s_hat = torch.cumprod(torch.sigmoid(z), -1)
+    s = torch.cumprod(r.accept_prob, -1)
+    ref = torch.nn.functional.binary_cross_entropy(s_hat, s)
+    assert torch.allclose(head_loss(head, w1, r, cfg), ref, atol=1e-6)
+    # decay weights: the same BCE, weighted exp(-(k-1)/4) per position
+    wd = cf.position_weights(G, 4.0)[None].expand(N, G)
+    ref_d = (torch.nn.functional.binary_cross_entropy(s_hat, s, reduction="none") * wd).sum() \
+        / wd.sum()
+    assert torch.allclose(head_loss(head, w1, r, ConfFinetuneConfig(label="survival")), ref_d,
+                          atol=1e-6)
+    # a position behind a sampled rejection still enters the loss
+    hidden = r.hidden.clone()
+    hidden[~r.prefix_ok] += 5.0
+    assert (~r.prefix_ok).any()
+    moved = Rollouts(**{**r.__dict__, "hidden": hidden})
+    assert not torch.allclose(head_loss(head, w1, moved, cfg), head_loss(head, w1, r, cfg))
+    # huge logits (S_hat -> 1) and tiny ones (S_hat -> 0) stay finite, with finite gradients
+    big = torch.tensor([[40.0, 40.0, -40.0, 40.0]], requires_grad=True)
+    loss = cf.survival_loss(big, torch.tensor([[0.9, 0.5, 0.1, 0.0]]), torch.ones(1, 4))
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(big.grad).all()
+
+
+def test_survival_fit_calibrates_the_product(loaded, corpus):
+    """Fitted with ``label="survival"``, the mean served survival prod c_i matches the mean
+    exact survival prod a_i at every position (calibration in the large of what STS
+    scores); the 1 - TV head, fitted on the same rollouts, is compared for information."""
+    import copy
+
+    target, draft = loaded
+    draft = copy.deepcopy(draft)
+    g = torch.Generator().manual_seed(0)
+    r = Rollouts.cat([collect_batch(target, draft, _windows(loaded, corpus, 32, L, s), 1.0, g)
+                      for s, L in enumerate((20, 28, 36, 24))])
+    with torch.no_grad():
+        draft.confidence_head.proj.weight.zero_()
+        draft.confidence_head.proj.bias.fill_(-3.0)
+    cfg = ConfFinetuneConfig(steps=200, batch_size=128, lr=0.05, label="survival",
+                             position_weight="uniform")
+    w1 = draft.markov_head.markov_w1.weight.detach()
+    before = float(head_loss(draft.confidence_head.proj, w1, r, cfg))
+    fit_head(draft, r, cfg, g, log=None)
+    after = float(head_loss(draft.confidence_head.proj, w1, r, cfg))
+    assert after < before - 0.1, (before, after)
+    with torch.no_grad():
+        s_hat = torch.cumprod(torch.sigmoid(cf.conf_logits(draft.confidence_head.proj, w1, r)),
+                              -1)
+    s = torch.cumprod(r.accept_prob, -1)
+    assert 0.02 < float(s[:, -1].mean()) < 0.98            # a real mix of outcomes
+    for k in range(r.gamma):
+        assert abs(float(s_hat[:, k].mean()) - float(s[:, k].mean())) < 0.03, k
+
+
 def test_chain_accept_matches_the_cpu_rejection_kernel():
     """Our per-position test + prefix rule gives the accept length of the torch chain
     rejection sampler the SGLang engine runs on CPU (sglang_dspark.cpu.rejection)."""
