@@ -135,9 +135,14 @@ class DSparkControlledWorker(DSparkWorkerV2):
             else:
                 verify_tokens = num_req * (gamma + 1)
             seq = batch.seq_lens_cpu.tolist() if batch.seq_lens_cpu is not None else [0]
+            uniform = self._full_budget_layout is not None and self._full_budget_layout.last_static
             pred = None
             if self._local_model is not None and self._local_model.ready:
-                pred = float(self._local_model.predict_step_time(num_req, verify_tokens))
+                # a uniform-path step is predicted by its own per-R time, as the planner
+                # prices it (the ragged profile does not describe that layout)
+                pred = self._uniform_s.get(num_req) if uniform else None
+                if pred is None:
+                    pred = float(self._local_model.predict_step_time(num_req, verify_tokens))
             rec = StepRecord(num_requests=num_req, verify_tokens=verify_tokens,
                              budget_tokens=budget, accepted_lens=None, verify_lens=None,
                              context_min=int(min(seq)), context_mean=float(sum(seq) / len(seq)),
@@ -146,7 +151,6 @@ class DSparkControlledWorker(DSparkWorkerV2):
             # commit lens include the bonus token; cap lens include the anchor.  On GPU
             # the copies are queued before the step's end event and read once it fired.
             rec.accepted_lens = self._host(getattr(result, "accept_lens", None))
-            uniform = self._full_budget_layout is not None and self._full_budget_layout.last_static
             rec.uniform = bool(uniform)
             # on the uniform path every draft is verified (cap lens are not per-request there)
             if self._compact and not uniform:

@@ -63,3 +63,8 @@ def test_budgets_fall_with_load_from_online_profile(bench_pair, monkeypatch):
             for r in recs if r.get("predicted_step_ms") and r.get("step_cpu_ms")]
     assert len(errs) > 10
     assert statistics.median(errs) < 0.5, statistics.median(errs)
+    # the worker's own error statistic prices each step as the planner does (uniform-path
+    # steps by their measured per-R time), so it agrees with SGLang's records
+    tel = plugin["telemetry"]
+    assert tel["profile_rel_error_median"] is not None
+    assert tel["profile_rel_error_median"] < 0.5, tel
