@@ -64,7 +64,30 @@ FIXED_FRACS = (1.0, 0.75, 0.5, 0.25, 0.125)
 OURS = ("online", "controller", "online_static", "online_ragged")
 
 
-def run_level(url: str, concurrency: int, n_requests: int, max_new: int, tag: str = "") -> dict:
+def cap_tokens(mi: dict, compact: bool = True, gamma: int | None = None) -> float | None:
+    """Tokens a request had verified over its rounds, anchor included, or None when SGLang
+    reported no cap lengths (static / verify-all servers, no speculation).
+
+    SGLang adds a round's cap length (and a histogram entry) only on ragged steps; a round
+    on the uniform full-budget path (docs/worker.md) counts in ``spec_verify_ct`` but adds
+    no cap, so ``spec_cap_length`` alone under-counts a server that mixes both (it read
+    below zero drafts per round).  Rounds missing from the histogram verified all
+    ``gamma`` drafts plus the anchor; on a ``compact`` server a request with no cap at all
+    ran every round on that path."""
+    gamma = BENCH_SPEC.block_size if gamma is None else gamma
+    vct = mi.get("spec_verify_ct") or 0
+    hist = mi.get("spec_cap_lens_histogram")
+    if hist:
+        ragged = sum(hist)
+        return sum(k * n for k, n in enumerate(hist)) + max(vct - ragged, 0) * (gamma + 1)
+    cap = mi.get("spec_cap_length")
+    if cap is None:
+        return vct * (gamma + 1) if compact and vct else None
+    return cap * vct
+
+
+def run_level(url: str, concurrency: int, n_requests: int, max_new: int, tag: str = "",
+              compact: bool = False) -> dict:
     prompts = [f"def {tag}task_{i}(data):" for i in range(n_requests)]
 
     def one(p):
@@ -72,9 +95,8 @@ def run_level(url: str, concurrency: int, n_requests: int, max_new: int, tag: st
         r = http_json(url + "/generate", {"text": p, "sampling_params": {
             "temperature": 0, "max_new_tokens": max_new, "ignore_eos": True}}, timeout=900)
         mi = r["meta_info"]
-        cap = mi.get("spec_cap_length")  # verified tokens per round incl. the anchor (compact)
         return (mi["completion_tokens"], time.perf_counter() - t0, mi.get("spec_verify_ct"),
-                None if cap is None else cap * (mi.get("spec_verify_ct") or 0))
+                cap_tokens(mi, compact))
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as ex:
@@ -121,7 +143,8 @@ def requests_for(level: int, target_tokens: int, max_new: int) -> int:
 
 def run_chunk(srv: SGLangServer, name: str, lv: int, args, raw: dict) -> None:
     r = run_level(srv.url, lv, requests_for(lv, args.tokens_per_chunk, args.max_new_tokens),
-                  args.max_new_tokens, tag=name.replace("@", "_").replace(".", "_") + "_")
+                  args.max_new_tokens, tag=name.replace("@", "_").replace(".", "_") + "_",
+                  compact=name not in ("nospec", "verify_all"))
     raw.setdefault(name, {}).setdefault(lv, []).append(r)
     acc = f"{r['accept_len']:.2f}" if "accept_len" in r else "   -"
     ver = f"{r['verified_per_round']:.2f}" if "verified_per_round" in r else "-"
