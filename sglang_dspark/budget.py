@@ -44,7 +44,7 @@ from sglang.srt.speculative.dspark_components.dspark_planner import (
 )
 
 from dspark_controller.planner import (_operator_pinned, budget_from_controller, clean_survival, clip01,
-                                       compute_lagged_budget, controller_allows_uniform, explore_budget,
+                                       compute_lagged_budget, controller_allows_uniform, explore_budget, prefer_uniform,
                                        exploration_probability, lagged_budget_fast, uniform_throughput)
 from dspark_controller.planner import survival_to_confidences as _survival_to_confidences
 
@@ -194,6 +194,7 @@ class BudgetBrain:
         self.latest_decision = latest_decision
         self.enabled = enabled
         self.sources: Counter = Counter()
+        self.boundary_checks = 0    # "uniform wins" steps that ran a thin ragged plan instead
         self.errors = 0
         self.last_source = "none"
         self._rng = random.Random(config.seed)
@@ -237,7 +238,10 @@ class BudgetBrain:
             return d
         t_u = self.uniform_step_time(num_req)
         theta_u = uniform_throughput(_host_array(survival[:, :max_len]), num_req=num_req, uniform_step_s=t_u)
-        if theta_u is not None and theta_u >= float(d.predicted_theta):
+        uniform, checked = prefer_uniform(theta_u, d.predicted_theta, model=self.local_model,
+                                          num_req=num_req, budget=d.budget, rng=self._rng)
+        self.boundary_checks += int(checked)
+        if uniform:
             return VerifyBudgetDecision(budget=full, predicted_step_seconds=float(t_u), predicted_theta=theta_u)
         return d
 

@@ -205,6 +205,7 @@ class DSparkControlledWorker(DSparkWorkerV2):
             model = self._local_model
             state.update({
                 "budget_sources": dict(self._brain.sources),
+                "boundary_checks": self._brain.boundary_checks,
                 "last_budget_source": self._brain.last_source,
                 "telemetry": self._stats.summary(),
                 "local_profile": None if model is None else {

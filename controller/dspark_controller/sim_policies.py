@@ -39,8 +39,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from .planner import (_operator_pinned, budget_from_controller, compute_lagged_budget, controller_allows_uniform,
-                      explore_budget, exploration_probability, learn_step_time, plan_lagged, sps_from_pairs,
-                      survival_to_confidences, uniform_throughput)
+                      explore_budget, exploration_probability, learn_step_time, plan_lagged, prefer_uniform,
+                      sps_from_pairs, survival_to_confidences, uniform_throughput)
 
 __all__ = ["Backend", "PlannerBrain", "make_policy", "POLICY_NAMES", "BrainConfig", "SimController",
            "resolve_backend"]
@@ -84,6 +84,7 @@ class PlannerBrain:
         self.uniform_step_time = uniform_step_time
         self.uniform_steps = 0
         self.sources: Counter = Counter()
+        self.boundary_checks = 0
         self._rng = random.Random(config.seed)
 
     def decide(self, survival: np.ndarray, *, max_len: int) -> Optional[_Decision]:
@@ -112,10 +113,13 @@ class PlannerBrain:
     def _uniform_or(self, planned: _Decision, survival: np.ndarray, max_len: int, num_req: int, full: int) -> int:
         """``planned``'s K, or every token when the measured uniform path gives more (as the worker)."""
         k = planned.budget
-        if self.uniform_step_time is not None and k < full:
+        if self.uniform_step_time is not None and k < full and planned.predicted_theta is not None:
             theta_u = uniform_throughput(survival[:, :max_len], num_req=num_req,
                                          uniform_step_s=self.uniform_step_time(num_req))
-            if theta_u is not None and theta_u >= float(planned.predicted_theta):
+            uniform, checked = prefer_uniform(theta_u, planned.predicted_theta, model=self.local_model,
+                                              num_req=num_req, budget=k, rng=self._rng)
+            self.boundary_checks += int(checked)
+            if uniform:
                 return full
         return k
 

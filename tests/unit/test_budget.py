@@ -267,3 +267,68 @@ def test_sps_function_evaluates_only_where_asked_and_agrees_with_predict():
         arr = fn(bs)
         assert np.allclose(arr, [fn(int(b)) for b in bs], rtol=1e-12)
         assert np.allclose(1.0 / arr[:4], model.predict_step_time(np.full(4, r), bs[:4]), rtol=1e-9)
+
+
+class _Draws:
+    """A stand-in rng that records how often it was drawn from."""
+
+    def __init__(self, value):
+        self.value, self.calls = value, 0
+
+    def random(self):
+        self.calls += 1
+        return self.value
+
+
+def test_prefer_uniform_rechecks_only_thin_ragged_cells():
+    from dspark_controller.planner import BOUNDARY_CHECK_PROB, BOUNDARY_MIN_SAMPLES, prefer_uniform
+    from dspark_controller.sps_model import SpsModel
+
+    thin, thick = SpsModel(), SpsModel()
+    for b in range(1, 6):
+        thin.update(1, b, 0.02 + 0.01 * (b - 1))                    # one sample per cell
+        for _ in range(int(BOUNDARY_MIN_SAMPLES) + 4):
+            thick.update(1, b, 0.02 + 0.01 * (b - 1))
+    kw = dict(num_req=1, budget=2)
+    # the ragged plan is predicted faster: ragged, no draw
+    rng = _Draws(0.0)
+    assert prefer_uniform(10.0, 20.0, model=thin, rng=rng, **kw) == (False, False) and rng.calls == 0
+    assert prefer_uniform(None, 20.0, model=thin, rng=rng, **kw) == (False, False) and rng.calls == 0
+    # uniform predicted faster, well-measured plan cell: uniform, no draw
+    rng = _Draws(0.0)
+    assert prefer_uniform(30.0, 20.0, model=thick, rng=rng, **kw) == (True, False) and rng.calls == 0
+    # ... thin plan cell: one draw; below the check share the ragged plan runs (a check)
+    rng = _Draws(BOUNDARY_CHECK_PROB / 2)
+    assert prefer_uniform(30.0, 20.0, model=thin, rng=rng, **kw) == (False, True) and rng.calls == 1
+    rng = _Draws(BOUNDARY_CHECK_PROB + 1e-3)
+    assert prefer_uniform(30.0, 20.0, model=thin, rng=rng, **kw) == (True, False) and rng.calls == 1
+    # a model without cells (or none at all) never re-checks
+    assert prefer_uniform(30.0, 20.0, model=None, rng=_Draws(0.0), **kw) == (True, False)
+
+
+def test_brain_rechecks_a_thin_ragged_plan_on_a_share_of_steps_and_simulator_agrees():
+    """Uniform measured faster than a ragged plan the profile has barely seen: the worker
+    still runs that plan on about BOUNDARY_CHECK_PROB of the steps (counted), and the
+    simulator's brain makes the same decision at every step (same draws)."""
+    from dspark_controller.planner import BOUNDARY_CHECK_PROB
+    from dspark_controller.sim_policies import BrainConfig, PlannerBrain
+    from dspark_controller.sps_model import SpsModel
+
+    from dspark_controller.sps_model import SpsModelConfig
+
+    model = SpsModel(config=SpsModelConfig(min_ready_samples=5))
+    for b in range(1, 6):                  # one sample per ragged budget: ready, but thin
+        model.update(1, b, 0.02 + 0.01 * (b - 1))
+    assert model.ready
+    surv = _rows([[0.9, 0.8, 0.7, 0.6]])
+    uniform = {1: 0.025}
+    real = BudgetBrain(local_model=model, config=BudgetConfig(explore_prob_young=0.0, explore_prob=0.0),
+                       uniform_step_time=uniform.get)
+    sim = PlannerBrain(local_model=model, config=BrainConfig(explore_prob_young=0.0, explore_prob=0.0),
+                       uniform_step_time=uniform.get)
+    n = 2000
+    ks = [real.decide(surv, max_len=4).budget for _ in range(n)]
+    assert [sim.decide(surv, max_len=4).budget for _ in range(n)] == ks
+    ragged = sum(k < 4 for k in ks)
+    assert real.boundary_checks == sim.boundary_checks == ragged
+    assert abs(ragged / n - BOUNDARY_CHECK_PROB) < 0.04, ragged / n
