@@ -51,6 +51,27 @@ def _windows(loaded, corpus, n=16, length=24, seed=0):
     return cf.WindowSampler(corpus).sample(n, length, torch.Generator().manual_seed(seed))
 
 
+def _fit_from_a_bad_head(loaded, corpus, cfg):
+    """Rollouts of the soft pair, the head reset to c = 0.05 everywhere (badly off), then
+    ``fit_head`` with ``cfg`` on a copy of the draft: (draft, rollouts, W1, loss before,
+    loss after)."""
+    import copy
+
+    target, draft = loaded
+    draft = copy.deepcopy(draft)          # the module's draft stays untouched
+    g = torch.Generator().manual_seed(0)
+    r = Rollouts.cat([collect_batch(target, draft, _windows(loaded, corpus, 32, L, s), 1.0, g)
+                      for s, L in enumerate((20, 28, 36, 24))])
+    with torch.no_grad():
+        draft.confidence_head.proj.weight.zero_()
+        draft.confidence_head.proj.bias.fill_(-3.0)
+    w1 = draft.markov_head.markov_w1.weight.detach()
+    before = float(head_loss(draft.confidence_head.proj, w1, r, cfg))
+    fit_head(draft, r, cfg, g, log=None)
+    after = float(head_loss(draft.confidence_head.proj, w1, r, cfg))
+    return draft, r, w1, before, after
+
+
 # ------------------------------------------------------------- rejection / masks
 def test_chain_accept_and_prefix_masks_hand_built():
     p = torch.tensor([[0.5, 0.1, 0.1, 0.9, 0.3]])
@@ -143,22 +164,9 @@ def test_survival_fit_calibrates_the_product(loaded, corpus):
     """Fitted with ``label="survival"``, the mean served survival prod c_i matches the mean
     exact survival prod a_i at every position (calibration in the large of what STS
     scores); the 1 - TV head, fitted on the same rollouts, is compared for information."""
-    import copy
-
-    target, draft = loaded
-    draft = copy.deepcopy(draft)
-    g = torch.Generator().manual_seed(0)
-    r = Rollouts.cat([collect_batch(target, draft, _windows(loaded, corpus, 32, L, s), 1.0, g)
-                      for s, L in enumerate((20, 28, 36, 24))])
-    with torch.no_grad():
-        draft.confidence_head.proj.weight.zero_()
-        draft.confidence_head.proj.bias.fill_(-3.0)
     cfg = ConfFinetuneConfig(steps=200, batch_size=128, lr=0.05, label="survival",
                              position_weight="uniform")
-    w1 = draft.markov_head.markov_w1.weight.detach()
-    before = float(head_loss(draft.confidence_head.proj, w1, r, cfg))
-    fit_head(draft, r, cfg, g, log=None)
-    after = float(head_loss(draft.confidence_head.proj, w1, r, cfg))
+    draft, r, w1, before, after = _fit_from_a_bad_head(loaded, corpus, cfg)
     assert after < before - 0.1, (before, after)
     with torch.no_grad():
         s_hat = torch.cumprod(torch.sigmoid(cf.conf_logits(draft.confidence_head.proj, w1, r)),
@@ -253,21 +261,8 @@ def test_collect_batch_matches_teacher_forced_draft_and_full_target(loaded, corp
 
 # ------------------------------------------------------------- fit + checkpoint
 def test_fit_reduces_loss_and_calibrates_in_the_large(loaded, corpus):
-    import copy
-
-    target, draft = loaded
-    draft = copy.deepcopy(draft)          # the module's draft stays untouched
-    g = torch.Generator().manual_seed(0)
-    r = Rollouts.cat([collect_batch(target, draft, _windows(loaded, corpus, 32, L, s), 1.0, g)
-                      for s, L in enumerate((20, 28, 36, 24))])
-    with torch.no_grad():
-        draft.confidence_head.proj.weight.zero_()
-        draft.confidence_head.proj.bias.fill_(-3.0)           # c = 0.05: badly off
     cfg = ConfFinetuneConfig(steps=150, batch_size=64, lr=0.05, position_weight="uniform")
-    w1 = draft.markov_head.markov_w1.weight.detach()
-    before = float(head_loss(draft.confidence_head.proj, w1, r, cfg))
-    fit_head(draft, r, cfg, g, log=None)
-    after = float(head_loss(draft.confidence_head.proj, w1, r, cfg))
+    draft, r, w1, before, after = _fit_from_a_bad_head(loaded, corpus, cfg)
     assert after < before - 0.2, (before, after)
     with torch.no_grad():
         c = torch.sigmoid(cf.conf_logits(draft.confidence_head.proj, w1, r))
