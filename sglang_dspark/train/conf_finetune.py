@@ -313,8 +313,12 @@ def collect_rollouts(target: Target, draft: DSparkDraft, seqs: list[Sequence],
 
 # ----------------------------------------------------------------- fitting
 def loss_weights(r: Rollouts, cfg: ConfFinetuneConfig) -> torch.Tensor:
-    """[N, G] per-position weights: prefix condition x position weight."""
-    w = r.prefix_ok.float() if cfg.prefix == "sampled" else r.prefix_prob.float()
+    """[N, G] per-position weights: prefix condition x position weight (the survival label
+    is an unconditional event: no prefix condition)."""
+    if cfg.label == "survival":
+        w = torch.ones_like(r.accept_prob, dtype=torch.float32)
+    else:
+        w = r.prefix_ok.float() if cfg.prefix == "sampled" else r.prefix_prob.float()
     if cfg.position_weight == "decay":
         w = w * position_weights(r.gamma, cfg.decay)
     return w
@@ -346,13 +350,10 @@ def survival_loss(logits: torch.Tensor, survival: torch.Tensor,
 
 
 def head_loss(head, markov_w1, r: Rollouts, cfg: ConfFinetuneConfig) -> torch.Tensor:
-    if cfg.label == "survival":   # unconditional event: no prefix restriction
-        w = torch.ones_like(r.accept_prob)
-        if cfg.position_weight == "decay":
-            w = w * position_weights(r.gamma, cfg.decay)
+    w = loss_weights(r, cfg)
+    if cfg.label == "survival":
         return survival_loss(conf_logits(head, markov_w1, r),
                              torch.cumprod(r.accept_prob.float(), dim=-1), w)
-    w = loss_weights(r, cfg)
     bce = F.binary_cross_entropy_with_logits(conf_logits(head, markov_w1, r), labels(r, cfg),
                                              reduction="none")
     return (bce * w).sum() / w.sum().clamp(min=1e-6)
