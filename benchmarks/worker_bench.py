@@ -48,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -133,6 +134,8 @@ def merge(runs: list[dict]) -> dict:
         vals = [r[k] for r in runs if r.get(k) is not None]
         if vals:
             out[k] = sum(vals) / len(vals)
+    if any("sources" in r for r in runs):
+        out["sources"] = dict(sum((Counter(r.get("sources") or {}) for r in runs), Counter()))
     return out
 
 
@@ -141,15 +144,36 @@ def requests_for(level: int, target_tokens: int, max_new: int) -> int:
     return level * max(1, math.ceil(target_tokens / (max_new * level)))
 
 
+def _sources(srv: SGLangServer) -> Counter:
+    st = plugin_state(srv)
+    c = Counter(st.get("budget_sources") or {})
+    c["boundary_checks"] = int(st.get("boundary_checks") or 0)
+    return c
+
+
 def run_chunk(srv: SGLangServer, name: str, lv: int, args, raw: dict) -> None:
+    ours = name in OURS
+    before = _sources(srv) if ours else None   # outside the timed part
     r = run_level(srv.url, lv, requests_for(lv, args.tokens_per_chunk, args.max_new_tokens),
                   args.max_new_tokens, tag=name.replace("@", "_").replace(".", "_") + "_",
                   compact=name not in ("nospec", "verify_all"))
+    if ours:   # who chose K during this chunk (steps per source), e.g. how much was exploration
+        r["sources"] = dict(_sources(srv) - before)
     raw.setdefault(name, {}).setdefault(lv, []).append(r)
     acc = f"{r['accept_len']:.2f}" if "accept_len" in r else "   -"
     ver = f"{r['verified_per_round']:.2f}" if "verified_per_round" in r else "-"
     print(f"{name:>12} c={lv:<3} {r['tok_s']:8.1f} tok/s {r['tok_s_per_user']:7.1f} tok/s/user  "
-          f"accept {acc}  verified drafts/round {ver}", flush=True)
+          f"accept {acc}  verified drafts/round {ver}"
+          + (f"  K from {r['sources']}" if r.get("sources") else ""), flush=True)
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds a process has used so far (Linux /proc), or None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def warm(srv: SGLangServer, levels: list[int], max_new: int, waves: int) -> None:
@@ -262,6 +286,7 @@ def main(argv=None) -> int:
     t_start = time.monotonic()
     servers: dict = {}
     ctrls: list = []
+    ctrl_of: dict = {}
     raw: dict = {}
     try:
         for name in configs:
@@ -269,6 +294,7 @@ def main(argv=None) -> int:
             srv, ctrl = server_for(name, m, table, work, maxrun)
             if ctrl is not None:
                 ctrls.append(ctrl)
+                ctrl_of[name] = ctrl
             srv.start()
             servers[name] = Suspended(srv)
             with servers[name] as s:   # warm alone (the others are stopped), as in production
@@ -289,6 +315,12 @@ def main(argv=None) -> int:
         for name, sus in servers.items():
             with sus as s:
                 plugin[name] = plugin_state(s)
+        for name, ctrl in ctrl_of.items():   # the controller shares these 2 cores with its server
+            cpu = process_cpu_s(ctrl.pid)
+            steps = (plugin.get(name, {}).get("telemetry") or {}).get("steps")
+            if cpu is not None and isinstance(plugin.get(name), dict):
+                plugin[name]["controller_process"] = {
+                    "cpu_s": round(cpu, 2), "cpu_ms_per_step": round(1e3 * cpu / steps, 3) if steps else None}
     finally:
         for sus in servers.values():
             sus._signal(signal.SIGCONT)

@@ -11,9 +11,10 @@ a *live* SPS curve: it reads a static table (none = verify all).
 the choice of K changes.  K comes from, in order:
 
 1. the operator's forced fraction (SGLang's ``dspark_force_budget_frac``);
-2. exploration, on a scheduled fraction of steps whoever decides below (half on the
-   budget whose profile cell has the fewest samples, half uniform:
-   :func:`~dspark_controller.planner.explore_budget`);
+2. exploration, on a fraction of steps whoever decides below, set by how well the step's
+   row of the profile is measured (:func:`~dspark_controller.planner.explore_now`); half
+   on the budget whose profile cell has the fewest samples, half uniform
+   (:func:`~dspark_controller.planner.explore_budget`);
 3. a fresh controller decision (``verify_all``, fixed fraction, a budget for this
    many requests, or the controller's learned curve planned locally);
 4. the worker's own online :class:`~dspark_controller.sps_model.SpsModel`, learned
@@ -44,8 +45,8 @@ from sglang.srt.speculative.dspark_components.dspark_planner import (
 )
 
 from dspark_controller.planner import (_operator_pinned, budget_from_controller, clean_survival, clip01,
-                                       compute_lagged_budget, controller_allows_uniform, explore_budget, prefer_uniform,
-                                       exploration_probability, lagged_budget_fast, uniform_throughput)
+                                       compute_lagged_budget, controller_allows_uniform, explore_budget, explore_now,
+                                       local_theta, prefer_uniform, lagged_budget_fast, uniform_throughput)
 from dspark_controller.planner import survival_to_confidences as _survival_to_confidences
 
 logger = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class BudgetConfig:
     explore_prob_young: float = 0.25    # local: random budget on this fraction of steps
     young_steps: int = 200              # ... while the model has seen fewer steps,
     explore_prob: float = 0.03          # then this fraction
+    explore_prob_settled: float = 0.01  # ... or this on a row whose ragged cells are measured
     explore_until_steps: int = 5000     # ... until it has seen this many
     seed: int = 0
 
@@ -75,7 +77,7 @@ class BudgetConfig:
                 p = float(os.environ["SGLANG_DSPARK_EXPLORE_PROB"])
                 if not 0.0 <= p <= 1.0:
                     raise ValueError
-                kw.update(explore_prob_young=p, explore_prob=p, explore_until_steps=1 << 62)
+                kw.update(explore_prob_young=p, explore_prob=p, explore_prob_settled=p, explore_until_steps=1 << 62)
         except ValueError:
             raise ValueError("SGLANG_DSPARK_DECISION_MAX_AGE_S must be a number and "
                              "SGLANG_DSPARK_EXPLORE_PROB a number in [0, 1].") from None
@@ -214,8 +216,8 @@ class BudgetBrain:
         # and puts the unseen budgets into the telemetry the controller learns from; not
         # when the operator pinned the policy (off = verify all, or a fixed fraction)
         if model is not None and not _operator_pinned(decision):
-            p = exploration_probability(self.config, model.steps + self.uniform_steps)
-            if p > 0 and self._rng.random() < p:
+            if explore_now(self.config, model, steps=model.steps + self.uniform_steps,
+                           num_req=num_req, full=full, rng=self._rng):
                 k = explore_budget(model, num_req=num_req, full=full, rng=self._rng)
                 return self._note("explore", VerifyBudgetDecision(budget=k))
         if decision is not None:
@@ -257,9 +259,16 @@ class BudgetBrain:
         out = VerifyBudgetDecision(budget=k, predicted_step_seconds=planned.predicted_step_seconds,
                                    predicted_theta=planned.predicted_theta)
         # the fleet's curve is one monotone curve in B too: this engine's measured uniform
-        # path may still beat its best ragged budget (as in the local branch)
+        # path may still beat its best ragged budget (as in the local branch); both sides
+        # of that comparison are priced by this engine's own measurements (local_theta)
         if controller_allows_uniform(d):
-            out = self._uniform_if_better(out, survival, max_len, num_req, full)
+            priced = VerifyBudgetDecision(budget=k, predicted_step_seconds=out.predicted_step_seconds,
+                                          predicted_theta=local_theta(
+                                              out.predicted_theta, out.predicted_step_seconds,
+                                              model=self.local_model, num_req=num_req, budget=k))
+            chosen = self._uniform_if_better(priced, survival, max_len, num_req, full)
+            if chosen is not priced:
+                return chosen
         return out
 
     @staticmethod

@@ -46,6 +46,7 @@ __all__ = [
     "PlanError", "PlanPolicy", "Plan", "LaggedBudget", "survival_products", "sps_from_pairs",
     "plan_exact", "plan_lagged", "compute_lagged_budget", "plan", "plan_fixed_fraction",
     "plan_verify_all", "expected_throughput", "survival_to_confidences", "exploration_probability",
+    "explore_now", "row_thinness", "local_theta",
     "budget_from_controller",
 ]
 
@@ -564,12 +565,55 @@ def survival_to_confidences(survival: Any) -> np.ndarray:
     return np.clip(c, 0.0, 1.0)
 
 
-def exploration_probability(config: Any, steps: int) -> float:
-    """The local model's exploration schedule: ``explore_prob_young`` while it has seen fewer
-    than ``young_steps`` steps, then ``explore_prob`` until ``explore_until_steps``, then 0."""
-    if steps < config.young_steps:
+YOUNG_ROW_SAMPLES = 2.0         # young exploration ends for a row once its ragged cells have this many
+SETTLED_ROW_SAMPLES = 4.0       # ... and a row whose ragged cells all have this many is settled
+
+
+def exploration_probability(config: Any, steps: int, thin: Optional[float] = None) -> float:
+    """The local model's exploration schedule at one step.
+
+    ``steps``: what the model has seen; ``thin``: the fewest (forgotten) samples among the
+    ragged profile cells of this step's row, ``(R, R + K)`` for ``K < full``
+    (:func:`row_thinness`; None: unknown, the schedule by steps alone).  While young
+    (``steps < young_steps``) a row still missing a couple of samples in a cell explores at
+    ``explore_prob_young``; then ``explore_prob`` until ``explore_until_steps``, except on a
+    settled row (every ragged cell measured a few times), which explores at
+    ``explore_prob_settled``: each exploration step costs throughput (at one request a step
+    with a random budget loses ~a third of its tokens), and a measured row only needs to be
+    kept fresh."""
+    if steps < config.young_steps and (thin is None or thin < YOUNG_ROW_SAMPLES):
         return float(config.explore_prob_young)
-    return float(config.explore_prob) if steps < config.explore_until_steps else 0.0
+    if steps >= config.explore_until_steps:
+        return 0.0
+    if thin is not None and thin >= SETTLED_ROW_SAMPLES:
+        return float(getattr(config, "explore_prob_settled", config.explore_prob))
+    return float(config.explore_prob)
+
+
+def row_thinness(model: Any, *, num_req: int, full: int) -> Optional[float]:
+    """The fewest forgotten samples among the profile cells of the ragged budgets
+    ``K = 0 .. full - 1`` at ``num_req`` requests (a full budget may run on SGLang's uniform
+    path, which the profile does not learn from); None when the model keeps no cells."""
+    weights = getattr(model, "cell_weights", None)
+    if weights is None or int(full) <= 0:
+        return None
+    return float(np.min(weights(int(num_req), int(num_req) + np.arange(int(full)))))
+
+
+def explore_now(config: Any, model: Any, *, steps: int, num_req: int, full: int, rng: Any) -> bool:
+    """Whether this step explores, from at most one ``rng.random()`` draw (none when no
+    schedule branch can explore); the row's thinness is looked up only when the draw falls
+    under the highest probability the schedule could give.  Worker and simulator share it."""
+    young = float(config.explore_prob_young) if steps < config.young_steps else 0.0
+    later = (max(float(config.explore_prob), float(getattr(config, "explore_prob_settled", 0.0)))
+             if steps < config.explore_until_steps else 0.0)
+    p_hi = max(young, later)
+    if p_hi <= 0.0:
+        return False
+    u = float(rng.random())
+    if u >= p_hi:
+        return False
+    return u < exploration_probability(config, steps, row_thinness(model, num_req=num_req, full=full))
 
 
 def _operator_pinned(decision: Any) -> bool:
@@ -661,6 +705,28 @@ def learn_step_time(model: Any, uniform_s: dict, brain: Any, *, num_req: int, ba
             brain.uniform_steps += 1
     if fed:
         model.update(num_req, batch_tokens, step_s)
+
+
+def local_theta(planned_theta: Optional[float], planned_step_s: Optional[float], *, model: Any,
+                num_req: int, budget: int) -> Optional[float]:
+    """A plan's expected tokens/s re-priced with this engine's own profile ``model``.
+
+    A controller-planned K carries the throughput its (fleet) curve predicts, while the
+    uniform path it is compared with (:func:`prefer_uniform`) is priced by this engine's
+    measured step time; a fleet curve published seconds ago, or learned on a slightly
+    different clock, then tips the comparison (the benchmark's controller row ran ragged
+    plans where the online row, pricing both sides locally, verified everything and was
+    faster). So the comparison uses the plan's expected tokens (``theta * step_s``) over
+    the local profile's step time at ``(R, R + K)``; unchanged while the local profile is
+    not ready or the plan carries no step time."""
+    if planned_theta is None or not planned_step_s or planned_step_s <= 0:
+        return planned_theta
+    if model is None or not getattr(model, "ready", False):
+        return planned_theta
+    t = float(model.predict_step_time(int(num_req), int(num_req) + int(budget)))
+    if not (t > 0 and math.isfinite(t)):
+        return planned_theta
+    return float(planned_theta) * float(planned_step_s) / t
 
 
 def controller_allows_uniform(d: Any) -> bool:

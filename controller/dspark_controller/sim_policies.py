@@ -39,7 +39,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from .planner import (_operator_pinned, budget_from_controller, compute_lagged_budget, controller_allows_uniform,
-                      explore_budget, exploration_probability, learn_step_time, plan_lagged, prefer_uniform,
+                      explore_budget, explore_now, learn_step_time, local_theta, plan_lagged, prefer_uniform,
                       sps_from_pairs, survival_to_confidences, uniform_throughput)
 
 __all__ = ["Backend", "PlannerBrain", "make_policy", "POLICY_NAMES", "BrainConfig", "SimController",
@@ -57,6 +57,7 @@ class BrainConfig:
     explore_prob_young: float = 0.25
     young_steps: int = 200
     explore_prob: float = 0.03
+    explore_prob_settled: float = 0.01
     explore_until_steps: int = 5000
     seed: int = 0
 
@@ -64,11 +65,13 @@ class BrainConfig:
 class _Decision:
     """The subset of ``VerifyBudgetDecision`` the simulator reads."""
 
-    __slots__ = ("budget", "predicted_theta")
+    __slots__ = ("budget", "predicted_theta", "predicted_step_seconds")
 
-    def __init__(self, budget: int, predicted_theta: Optional[float] = None) -> None:
+    def __init__(self, budget: int, predicted_theta: Optional[float] = None,
+                 predicted_step_seconds: Optional[float] = None) -> None:
         self.budget = int(budget)
         self.predicted_theta = predicted_theta
+        self.predicted_step_seconds = predicted_step_seconds
 
 
 class PlannerBrain:
@@ -95,8 +98,8 @@ class PlannerBrain:
         model = self.local_model
         decision = self.latest_decision(self.config.decision_max_age_s) if self.latest_decision else None
         if model is not None and not _operator_pinned(decision):
-            p = exploration_probability(self.config, model.steps + self.uniform_steps)
-            if p > 0 and self._rng.random() < p:
+            if explore_now(self.config, model, steps=model.steps + self.uniform_steps,
+                           num_req=num_req, full=full, rng=self._rng):
                 return self._note("explore", _Decision(explore_budget(model, num_req=num_req, full=full,
                                                                       rng=self._rng)))
         if decision is not None:
@@ -130,14 +133,17 @@ class PlannerBrain:
             return None
         k, planned = r
         if planned is not None and controller_allows_uniform(d):
-            k = self._uniform_or(planned, survival, max_len, num_req, full)
+            priced = _Decision(k, local_theta(planned.predicted_theta, planned.predicted_step_seconds,
+                                              model=self.local_model, num_req=num_req, budget=k))
+            k = self._uniform_or(priced, survival, max_len, num_req, full)
         return _Decision(k)
 
     @staticmethod
     def _argmax(survival: np.ndarray, max_len: int, sps: Any, sla_floor: Optional[float] = None) -> _Decision:
         conf = survival_to_confidences(survival[:, :max_len])
         lb = compute_lagged_budget(conf, sps, sla_floor=sla_floor)
-        return _Decision(lb.budget_tokens, float(lb.predicted_throughput))
+        s = float(sps(lb.batch_tokens)) if lb.batch_tokens else 0.0
+        return _Decision(lb.budget_tokens, float(lb.predicted_throughput), (1.0 / s) if s > 0 else None)
 
     def _note(self, source: str, d: _Decision) -> _Decision:
         self.sources[source] += 1

@@ -775,9 +775,9 @@ class SpsModel:
         """Effective (forgotten) sample count of the ``(R, B)`` cell of each batch size in
         ``batch_tokens`` at ``num_requests`` requests (exploration fills the thinnest)."""
         rb = int(self._r_bin_np[min(max(int(num_requests), 0), self._r_top)])
-        b = np.clip(np.asarray(batch_tokens, dtype=np.int64), 0, self._b_top - 1)
-        row = self._w[rb] * np.power(self._lam, (self.steps - self._last[rb]).astype(np.float64))
-        return row[self._b_bin_np[b]]
+        bb = self._b_bin_np[np.clip(np.asarray(batch_tokens, dtype=np.int64), 0, self._b_top - 1)]
+        # decay only the cells asked for (the planner asks for one, or one row's budgets)
+        return self._w[rb, bb] * np.power(self._lam, (self.steps - self._last[rb, bb]).astype(np.float64))
 
     def bin_weights(self) -> np.ndarray:
         """Effective (forgotten) sample count per B-bin."""

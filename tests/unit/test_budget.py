@@ -152,14 +152,15 @@ def test_uniform_steps_count_for_the_exploration_schedule():
     from dspark_controller.sps_model import SpsModel
 
     model = SpsModel()
-    for _ in range(4):
-        for b in range(1, 6):
-            model.update(1, b, 0.02 + 0.01 * (b - 1))
-    cfg = BudgetConfig(explore_prob_young=1.0, young_steps=100, explore_prob=0.0)
+    for b in range(1, 6):                          # one sample per cell of the one-request row
+        model.update(1, b, 0.02 + 0.01 * (b - 1))
+    for b in range(8, 40, 2):                      # ready (16 more samples, elsewhere)
+        model.update(8, b, 0.05 + 0.001 * b)
+    cfg = BudgetConfig(explore_prob_young=1.0, young_steps=100, explore_prob=0.0, explore_prob_settled=0.0)
     brain = BudgetBrain(local_model=model, config=cfg)
     surv = _rows([[0.9, 0.8, 0.7, 0.6]])
     brain.decide(surv, max_len=4)
-    assert brain.last_source == "explore"          # young: 20 profile steps
+    assert brain.last_source == "explore"          # young: 21 profile steps, a thin row
     brain.uniform_steps = 200                      # ... but 200 uniform-path steps seen since
     brain.decide(surv, max_len=4)
     assert brain.last_source == "local"
@@ -216,6 +217,38 @@ def test_controller_planned_budgets_also_take_the_cheaper_uniform_path_unless_ca
         sim = PlannerBrain(local_model=None, config=scfg, latest_decision=lambda _a: d,
                            uniform_step_time=uniform.get).decide(surv, max_len=4)
         assert sim.budget == out.budget, kw                        # the simulator mirrors it
+
+
+def test_uniform_comparison_prices_a_controller_plan_with_the_local_profile():
+    from dspark_controller.planner import local_theta
+    from dspark_controller.sim_policies import BrainConfig, PlannerBrain
+    from dspark_controller.sps_model import SpsModel
+
+    fleet, local = SpsModel(), SpsModel()
+    for _ in range(20):
+        for b in range(1, 6):
+            fleet.update(1, b, 0.010 + 0.004 * (b - 1))   # the fleet's curve: cheap ragged steps
+            local.update(1, b, 0.020 + 0.008 * (b - 1))   # this engine measured them twice as slow
+    surv = _rows([[0.9, 0.8, 0.7, 0.6]])
+    cfg = BudgetConfig(explore_prob_young=0.0, explore_prob=0.0, explore_prob_settled=0.0)
+    scfg = BrainConfig(explore_prob_young=0.0, explore_prob=0.0, explore_prob_settled=0.0)
+    uniform = {1: 0.030}                                   # all 4 drafts on the uniform path: 30 ms
+    d = _controller_decision(fleet)
+    alone = BudgetBrain(local_model=None, config=cfg, latest_decision=lambda _a: d,
+                        uniform_step_time=uniform.get).decide(surv, max_len=4)
+    assert alone.budget < 4                  # priced on the fleet's clock the ragged plan wins
+    brain = BudgetBrain(local_model=local, config=cfg, latest_decision=lambda _a: d,
+                        uniform_step_time=uniform.get)
+    out = brain.decide(surv, max_len=4)
+    assert brain.last_source == "controller" and out.budget == 4   # on this engine's clock: uniform
+    sim = PlannerBrain(local_model=local, config=scfg, latest_decision=lambda _a: d,
+                       uniform_step_time=uniform.get).decide(surv, max_len=4)
+    assert sim.budget == out.budget
+    # the re-pricing itself: expected tokens kept, step time from the local profile
+    t = float(local.predict_step_time(1, 3))
+    assert abs(local_theta(100.0, 0.02, model=local, num_req=1, budget=2) - 2.0 / t) < 1e-9
+    assert local_theta(100.0, 0.02, model=SpsModel(), num_req=1, budget=2) == 100.0   # not ready
+    assert local_theta(100.0, None, model=local, num_req=1, budget=2) == 100.0
 
 
 def test_fast_lagged_budget_equals_the_explained_planner():
@@ -332,3 +365,59 @@ def test_brain_rechecks_a_thin_ragged_plan_on_a_share_of_steps_and_simulator_agr
     ragged = sum(k < 4 for k in ks)
     assert real.boundary_checks == sim.boundary_checks == ragged
     assert abs(ragged / n - BOUNDARY_CHECK_PROB) < 0.04, ragged / n
+
+
+def test_exploration_schedule_follows_the_rows_thinness():
+    from dspark_controller.planner import exploration_probability
+
+    cfg = BudgetConfig()        # young 0.25 for 200 steps, then 0.03, 0.01 on a settled row
+    assert exploration_probability(cfg, 10) == 0.25                       # unknown row: by steps
+    assert exploration_probability(cfg, 10, thin=0.0) == 0.25             # young and blind
+    assert exploration_probability(cfg, 10, thin=3.0) == 0.03             # young, measured twice
+    assert exploration_probability(cfg, 10, thin=50.0) == 0.01            # young, settled row
+    assert exploration_probability(cfg, 1000, thin=0.0) == 0.03           # old, thin row
+    assert exploration_probability(cfg, 1000, thin=4.0) == 0.01           # old, settled row
+    assert exploration_probability(cfg, 10 ** 6, thin=0.0) == 0.0         # past explore_until_steps
+
+
+def test_row_thinness_counts_the_ragged_cells_only():
+    from dspark_controller.planner import row_thinness
+    from dspark_controller.sps_model import SpsModel
+
+    model = SpsModel()
+    assert row_thinness(model, num_req=1, full=4) == 0.0
+    for _ in range(5):
+        for b in range(1, 5):              # K = 0..3 at R = 1; the full budget (B = 5) never
+            model.update(1, b, 0.02 + 0.01 * b)
+    thin = row_thinness(model, num_req=1, full=4)
+    assert 4.9 < thin <= 5.0               # forgotten a little since
+    assert row_thinness(model, num_req=1, full=0) is None
+    assert row_thinness(object(), num_req=1, full=4) is None
+
+
+def test_explore_now_draws_once_and_only_when_a_branch_can_explore():
+    from dspark_controller.planner import explore_now
+    from dspark_controller.sps_model import SpsModel
+
+    class Rng:
+        def __init__(self, u):
+            self.u, self.calls = u, 0
+
+        def random(self):
+            self.calls += 1
+            return self.u
+
+    model = SpsModel()
+    cfg = BudgetConfig()
+    off = BudgetConfig(explore_prob_young=0.0, explore_prob=0.0, explore_prob_settled=0.0)
+    rng = Rng(0.0)
+    assert explore_now(off, model, steps=0, num_req=1, full=4, rng=rng) is False and rng.calls == 0
+    rng = Rng(0.1)                          # under 0.25: explores on a blind row while young
+    assert explore_now(cfg, model, steps=0, num_req=1, full=4, rng=rng) is True and rng.calls == 1
+    rng = Rng(0.02)                         # old and blind: 0.03 applies
+    assert explore_now(cfg, model, steps=1000, num_req=1, full=4, rng=rng) is True
+    for _ in range(10):
+        for b in range(1, 5):
+            model.update(1, b, 0.02 + 0.01 * b)
+    rng = Rng(0.02)                         # old and settled: 0.01 applies
+    assert explore_now(cfg, model, steps=1000, num_req=1, full=4, rng=rng) is False and rng.calls == 1
