@@ -116,6 +116,26 @@ def test_client_first_then_controller_then_kill_and_restart(controllers, clients
     assert wait_for(lambda: c.latest_decision(5.0), 10, what="decision from the new controller").seq >= 1
 
 
+def test_client_batches_telemetry_and_validates_dicts_off_the_decode_step(controllers, clients):
+    ctl = controllers()
+    c = clients(address=ctl.bind, fingerprint=fingerprint(), engine_id="e1", flush_interval_s=0.2)
+    wait_for(lambda: c.link_state == "connected", 15, what="connection")
+    good = dict(seq=1, num_running_requests=2, verify_tokens=6, step_time_s=0.02, timestamp=time.time())
+    t0 = time.perf_counter()
+    for i in range(40):                                   # a decode loop: ~2 ms per step
+        assert c.publish_step(dict(good, seq=i + 1))
+        time.sleep(0.002)
+    assert c.publish_step(dict(good, seq=99, step_time_s=-1.0))   # invalid: queued, dropped later
+    assert not c.publish_step("not telemetry")
+    assert time.perf_counter() - t0 < 5.0
+    wait_for(lambda: c.counters["steps_sent"] >= 40, 10, what="telemetry sent")
+    st = wait_for(lambda: (lambda s: s if s and s.counters.get("telemetry_steps", 0) >= 40 else None)(ctl.status()),
+                  10, what="telemetry at the controller")
+    assert st.counters.get("telemetry_steps", 0) == 40
+    assert c.counters["batches_sent"] < 40 / 4            # about one batch per 200 ms, not one per step
+    assert c.counters["dropped_invalid"] == 2             # the bad dict (in the thread) and the string
+
+
 def test_profiles_persist_atomically_and_reload(controllers, clients, short_tmp):
     ctl = controllers("--persist-interval-s", "60")
     c = clients(address=ctl.bind, fingerprint=fingerprint(), engine_id="p1")
