@@ -257,10 +257,18 @@ def main(argv=None) -> int:
                     help="rounds; each measures one chunk of every (config, level), in alternating order")
     ap.add_argument("--warm-waves", type=int, default=2,
                     help="warm-up ramps (one wave at each level) per server before measuring")
+    ap.add_argument("--fixed-fracs", default=",".join(f"{f:g}" for f in FIXED_FRACS),
+                    help="budget fractions the 'fixed' server is pinned at, one chunk each")
     ap.add_argument("--json", default="")
     ap.add_argument("--png", default="")
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.levels.split(",")]
+    try:
+        fracs = [float(x) for x in args.fixed_fracs.split(",")]
+    except ValueError:
+        raise SystemExit(f"--fixed-fracs must be comma-separated numbers, got {args.fixed_fracs!r}") from None
+    if not fracs or any(not 0.0 <= f <= 1.0 for f in fracs):
+        raise SystemExit("--fixed-fracs must be fractions in [0, 1]")
     configs = args.configs.split(",")
     unknown = set(configs) - {"nospec", "verify_all", "upstream", "online", "online_static", "online_ragged",
                           "fixed", "controller"}
@@ -308,7 +316,7 @@ def main(argv=None) -> int:
                         if name != "fixed":
                             run_chunk(s, name, lv, args, raw)
                             continue
-                        for f in FIXED_FRACS:   # a pinned fraction per chunk (SGLang cannot un-pin)
+                        for f in fracs:   # a pinned fraction per chunk (SGLang cannot un-pin)
                             pin_fraction(s, f)
                             run_chunk(s, f"fixed@{f:g}", lv, args, raw)
         plugin = {}
@@ -357,6 +365,26 @@ def paired(mine: dict, ref: dict) -> dict:
             "max": float(r.max()), "se": se}
 
 
+def best_fixed_xval(results: dict, fixed: list[str], ours: str, lv) -> dict:
+    """Ours vs the best fixed budget, cross-validated: the best is picked on the even rounds
+    and compared (paired, per round) on the odd ones, and the other way round.  The plain
+    "best of six rows" picks, on one run's noise, the luckiest row, so it overstates the best
+    fixed budget's throughput (the winner's curse); picking and measuring on disjoint rounds
+    does not."""
+    mine = results[ours][lv].get("per_round_tok_s") or []
+    n = len(mine)
+    if n < 2 or not fixed or any(len(results[k][lv].get("per_round_tok_s") or []) != n for k in fixed):
+        return {}
+    halves = (list(range(0, n, 2)), list(range(1, n, 2)))
+    ratios, picks = [], []
+    for pick_on, test_on in (halves, halves[::-1]):
+        b = max(fixed, key=lambda k: np.mean([results[k][lv]["per_round_tok_s"][i] for i in pick_on]))
+        picks.append(b)
+        ratios += [mine[i] / results[b][lv]["per_round_tok_s"][i] for i in test_on]
+    r = np.array(ratios)
+    return {"ratio": float(r.mean()), "se": float(r.std(ddof=1) / math.sqrt(r.size)), "picks": picks}
+
+
 def summarize(results: dict, plugin: dict, levels: list[int]) -> dict:
     s: dict = {"targets": {}}
     fixed = [k for k in results if k.startswith("fixed@")] + (["verify_all"] if "verify_all" in results else [])
@@ -379,6 +407,7 @@ def summarize(results: dict, plugin: dict, levels: list[int]) -> dict:
             if lv in best:
                 row["vs_best_fixed"] = mine / best[lv]["tok_s"]
                 refs.append(best[lv]["config"])
+                row["vs_best_fixed_xval"] = best_fixed_xval(results, fixed, ours, lv)
             # paired per-round ratios (chunks of one round ran minutes apart at most): their
             # spread says how far the pooled ratio can be trusted
             row["rounds"] = {ref: paired(results[ours][lv], results[ref][lv]) for ref in refs}
@@ -420,7 +449,11 @@ def print_report(report: dict) -> None:
               f"{100 * np.median(cv):.1f}% (median), {100 * max(cv):.1f}% (max)")
     for ours, t in s["targets"].items():
         for lv, row in t.items():
-            parts = " ".join(f"{k}={v:.3f}" for k, v in row.items() if k.startswith("vs_"))
+            parts = " ".join(f"{k}={v:.3f}" for k, v in row.items()
+                             if k.startswith("vs_") and isinstance(v, float))
+            xv = row.get("vs_best_fixed_xval") or {}
+            if xv:
+                parts += f" vs_best_fixed_xval={xv['ratio']:.3f}+-{2 * xv['se']:.3f} ({'/'.join(xv['picks'])})"
             rnd = row.get("rounds", {}).get("verify_all") or {}
             if rnd.get("se") is not None:
                 parts += f" (paired vs verify_all: median {rnd['median']:.3f}, +-{2 * rnd['se']:.3f} 2se)"

@@ -26,7 +26,7 @@ import time
 from typing import Optional
 
 import numpy as np
-from dspark_controller.planner import learn_step_time
+from dspark_controller.planner import UniformTimes, learn_step_time
 from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
 
 import sglang_dspark
@@ -73,7 +73,8 @@ class DSparkControlledWorker(DSparkWorkerV2):
             max_requests=max_req, max_batch_tokens=max_req * int(self.verify_num_draft_tokens),
             table_path=getattr(sa, "speculative_dspark_sps_table_path", None))
         self._link = ControllerLink.from_env(worker=self) if online else None
-        self._uniform_s: dict[int, float] = {}   # EMA of uniform-path step seconds per R
+        # uniform-path step seconds per R, on the local profile's clock (planner.UniformTimes)
+        self._uniform_s = UniformTimes(self._local_model)
         self._brain = BudgetBrain(
             local_model=self._local_model if online else None,
             config=BudgetConfig.from_env(),

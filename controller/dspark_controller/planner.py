@@ -46,7 +46,7 @@ __all__ = [
     "PlanError", "PlanPolicy", "Plan", "LaggedBudget", "survival_products", "sps_from_pairs",
     "plan_exact", "plan_lagged", "compute_lagged_budget", "plan", "plan_fixed_fraction",
     "plan_verify_all", "expected_throughput", "survival_to_confidences", "exploration_probability",
-    "explore_now", "row_thinness", "local_theta",
+    "explore_now", "row_thinness", "local_theta", "UniformTimes",
     "budget_from_controller",
 ]
 
@@ -690,17 +690,66 @@ def profile_takes_step(model: Any, uniform: bool) -> bool:
     return not (uniform and model.ready)
 
 
-def learn_step_time(model: Any, uniform_s: dict, brain: Any, *, num_req: int, batch_tokens: int,
+class UniformTimes:
+    """Per-R average of uniform-path step seconds, kept relative to the profile.
+
+    The planner compares a measured uniform-path step with the profile's prediction for a
+    ragged one (:func:`prefer_uniform`).  The profile follows a machine that speeds up or
+    slows down (its drift factor and refits), but only ragged steps move it; a raw average of
+    uniform steps taken minutes ago does not follow, and once the ragged plan wins at some R
+    nothing re-measures the uniform path there, so a uniform time caught in a slow spell kept
+    the worker verifying fewer tokens at one request on a noisy host.  So, once the profile
+    is ready, a sample is stored as its ratio to the profile's prediction for the same step
+    laid out ragged (``R`` requests, ``batch_tokens``), and read back as that ratio times
+    the current prediction: both sides of the comparison are on one clock.  Before that,
+    and without a profile, plain seconds."""
+
+    def __init__(self, model: Any = None) -> None:
+        self.model = model
+        # R -> [EMA value, batch tokens of the uniform step, True when the value is a ratio]
+        self.base: dict[int, list] = {}
+
+    def _pred(self, num_req: int, batch_tokens: int) -> Optional[float]:
+        m = self.model
+        if m is None or not getattr(m, "ready", False):
+            return None
+        t = float(m.predict_step_time(int(num_req), int(batch_tokens)))
+        return t if t > 0 and math.isfinite(t) else None
+
+    def observe(self, num_req: int, step_s: float, batch_tokens: int) -> None:
+        if not step_s > 0:
+            return
+        r = int(num_req)
+        pred = self._pred(r, batch_tokens)
+        x, is_ratio = (float(step_s) / pred, True) if pred is not None else (float(step_s), False)
+        old = self.base.get(r)
+        if old is None or old[2] != is_ratio:      # first sample, or the profile just got ready
+            self.base[r] = [x, int(batch_tokens), is_ratio]
+        else:
+            old[0] += UNIFORM_EMA * (x - old[0])
+            old[1] = int(batch_tokens)
+
+    def get(self, num_req: int) -> Optional[float]:
+        """Seconds of a uniform-path step at ``num_req`` requests, on today's clock (None: none seen)."""
+        e = self.base.get(int(num_req))
+        if e is None:
+            return None
+        if not e[2]:
+            return e[0]
+        pred = self._pred(int(num_req), e[1])
+        return None if pred is None else e[0] * pred
+
+
+def learn_step_time(model: Any, times: UniformTimes, brain: Any, *, num_req: int, batch_tokens: int,
                     step_s: float, uniform: bool) -> None:
     """A worker's measured step time, routed as ``DSparkControlledWorker`` does (and the
     simulator's policies, through this same function): uniform-path steps update the per-R
-    average ``uniform_s`` (what ``BudgetBrain._uniform_if_better`` compares), and count for
+    average ``times`` (what ``BudgetBrain._uniform_if_better`` compares), and count for
     ``brain``'s exploration schedule when the profile ``model`` (None: none) does not take
     them; the other steps, and uniform ones while the profile is not ready, feed the profile."""
     fed = model is not None and profile_takes_step(model, uniform)
     if uniform and step_s > 0:
-        old = uniform_s.get(num_req)
-        uniform_s[num_req] = step_s if old is None else old + UNIFORM_EMA * (step_s - old)
+        times.observe(num_req, step_s, batch_tokens)
         if not fed:
             brain.uniform_steps += 1
     if fed:

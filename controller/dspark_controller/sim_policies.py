@@ -38,8 +38,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .planner import (_operator_pinned, budget_from_controller, compute_lagged_budget, controller_allows_uniform,
-                      explore_budget, explore_now, learn_step_time, local_theta, plan_lagged, prefer_uniform,
+from .planner import (UniformTimes, _operator_pinned, budget_from_controller, compute_lagged_budget,
+                      controller_allows_uniform, explore_budget, explore_now, learn_step_time, local_theta, plan_lagged, prefer_uniform,
                       sps_from_pairs, survival_to_confidences, uniform_throughput)
 
 __all__ = ["Backend", "PlannerBrain", "make_policy", "POLICY_NAMES", "BrainConfig", "SimController",
@@ -400,7 +400,7 @@ class OnlinePolicy(Policy):
         super().__init__()
         self.backend = backend
         self.model = model
-        self.uniform_s: dict[int, float] = {}
+        self.uniform_s = UniformTimes(model)
         self.brain = backend.brain(local_model=model, config=config, uniform_step_time=self.uniform_s.get)
 
     def budget(self, *, now, R, gamma, lagged_survival, true_sps):
@@ -436,7 +436,7 @@ class ControllerPolicy(OnlinePolicy):
         self.idx = engine_idx
         self._now = 0.0
         self._R = 0
-        self.uniform_s = {}
+        self.uniform_s = UniformTimes(model)
         self.brain = backend.brain(local_model=model, config=config, latest_decision=self._latest,
                                    uniform_step_time=self.uniform_s.get)
 

@@ -284,13 +284,14 @@ def test_uniform_path_steps_stay_out_of_ready_profiles_in_worker_controller_and_
     pol = ControllerPolicy(Backend("planner"), SpsModel(), BrainConfig(), ctrl, 0, "controller")
     acc, lens = np.array([2]), np.array([4])
     pol.observe(now=0.0, R=1, B=5, t=0.010, accepted=acc, lengths=lens, uniform=True)   # cold: fed
-    assert pol.model.steps == 1 and ctrl.model.steps == 1 and pol.uniform_s == {1: 0.010}
+    assert pol.model.steps == 1 and ctrl.model.steps == 1 and pol.uniform_s.get(1) == 0.010   # seconds
     for i in range(40):                                     # ragged steps make both profiles ready
         pol.observe(now=0.1 * i, R=1, B=1 + i % 5, t=0.02, accepted=acc, lengths=lens)
     assert pol.model.ready and ctrl.model.ready
     steps, ctrl_steps = pol.model.steps, ctrl.model.steps
     pol.observe(now=5.0, R=1, B=5, t=0.030, accepted=acc, lengths=lens, uniform=True)
     assert pol.model.steps == steps and ctrl.model.steps == ctrl_steps
-    assert pol.uniform_s[1] == pytest.approx(0.010 + 0.1 * (0.030 - 0.010))
+    # the profile is ready now: the uniform time restarts as a ratio to its prediction (one clock)
+    assert pol.uniform_s.get(1) == pytest.approx(0.030)
     assert pol.brain.uniform_steps == 1
-    assert pol.brain.uniform_step_time(1) == pytest.approx(pol.uniform_s[1])   # what the planner compares
+    assert pol.brain.uniform_step_time(1) == pytest.approx(pol.uniform_s.get(1))   # what the planner compares

@@ -421,3 +421,35 @@ def test_explore_now_draws_once_and_only_when_a_branch_can_explore():
             model.update(1, b, 0.02 + 0.01 * b)
     rng = Rng(0.02)                         # old and settled: 0.01 applies
     assert explore_now(cfg, model, steps=1000, num_req=1, full=4, rng=rng) is False and rng.calls == 1
+
+
+def test_uniform_times_follow_the_profiles_clock():
+    """A uniform-path time measured during a slow spell must not outlive it: stored relative
+    to the profile's prediction for the same step, it is read back on today's profile."""
+    from dspark_controller.planner import UniformTimes
+    from dspark_controller.sps_model import SpsModel
+
+    model = SpsModel()
+    times = UniformTimes(model)
+    times.observe(1, 0.05, 5)                     # the profile is not ready: plain seconds
+    assert times.get(1) == 0.05
+    for _ in range(20):
+        for b in range(1, 6):
+            model.update(1, b, 0.02 + 0.01 * (b - 1))
+    assert times.get(1) == 0.05
+    for _ in range(50):
+        times.observe(1, 0.045, 5)                # ready: a ratio to the profile's t(1, 5)
+    before = float(model.predict_step_time(1, 5))
+    assert abs(times.get(1) - 0.045) < 1e-6
+    for _ in range(300):                          # the machine gets 2x slower: ragged steps say so
+        for b in range(1, 6):
+            model.update(1, b, 2 * (0.02 + 0.01 * (b - 1)))
+    ratio = float(model.predict_step_time(1, 5)) / before
+    assert ratio > 1.8
+    assert abs(times.get(1) - 0.045 * ratio) < 1e-6
+    times.observe(1, -1.0, 5)                     # ignored
+    assert abs(times.get(1) - 0.045 * ratio) < 1e-6
+    assert times.get(3) is None
+    plain = UniformTimes(None)                    # no profile: plain seconds
+    plain.observe(2, 0.03, 10)
+    assert plain.get(2) == 0.03
