@@ -191,6 +191,7 @@ class _Profile:
     engines: set = field(default_factory=set)
     learn_tokens: float = -1.0
     learn_refill_at: float = 0.0
+    metrics_at_samples: int = -1     # samples_seen when the error gauges were last set
 
     def admit(self, now: float, rate: float) -> bool:
         """Token bucket (burst: 2 s worth): learn at most ``rate`` steps/s for this profile."""
@@ -688,6 +689,9 @@ class Controller:
         self.metrics.telemetry_rate.set(len(self._rate_window) / 5.0)
         self.metrics.engines.set(sum(1 for e in self.engines.values() if now - e.last_seen <= cfg.engine_timeout_s))
         for prof in self.profiles.values():
+            if prof.metrics_at_samples == prof.samples_seen:
+                continue      # nothing new learned: the gauges are current (an idle fleet costs ~0 CPU)
+            prof.metrics_at_samples = prof.samples_seen
             err = prof.model.heldout_error()
             if err.n:
                 self.metrics.profile_error.labels(profile=prof.key).set(err.mape)
