@@ -586,7 +586,7 @@ def exploration_probability(config: Any, steps: int, thin: Optional[float] = Non
     if steps >= config.explore_until_steps:
         return 0.0
     if thin is not None and thin >= SETTLED_ROW_SAMPLES:
-        return float(getattr(config, "explore_prob_settled", config.explore_prob))
+        return float(config.explore_prob_settled)
     return float(config.explore_prob)
 
 
@@ -604,10 +604,9 @@ def explore_now(config: Any, model: Any, *, steps: int, num_req: int, full: int,
     """Whether this step explores, from at most one ``rng.random()`` draw (none when no
     schedule branch can explore); the row's thinness is looked up only when the draw falls
     under the highest probability the schedule could give.  Worker and simulator share it."""
-    young = float(config.explore_prob_young) if steps < config.young_steps else 0.0
-    later = (max(float(config.explore_prob), float(getattr(config, "explore_prob_settled", 0.0)))
-             if steps < config.explore_until_steps else 0.0)
-    p_hi = max(young, later)
+    # the highest probability any row could get at this age: one thin row of each kind
+    p_hi = max(exploration_probability(config, steps, thin)
+               for thin in (0.0, YOUNG_ROW_SAMPLES, SETTLED_ROW_SAMPLES))
     if p_hi <= 0.0:
         return False
     u = float(rng.random())

@@ -39,8 +39,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from .planner import (UniformTimes, _operator_pinned, budget_from_controller, compute_lagged_budget,
-                      controller_allows_uniform, explore_budget, explore_now, learn_step_time, local_theta, plan_lagged, prefer_uniform,
-                      sps_from_pairs, survival_to_confidences, uniform_throughput)
+                      controller_allows_uniform, explore_budget, explore_now, learn_step_time, local_theta,
+                      plan_lagged, prefer_uniform, sps_from_pairs, survival_to_confidences, uniform_throughput)
 
 __all__ = ["Backend", "PlannerBrain", "make_policy", "POLICY_NAMES", "BrainConfig", "SimController",
            "resolve_backend"]

@@ -399,27 +399,19 @@ def test_explore_now_draws_once_and_only_when_a_branch_can_explore():
     from dspark_controller.planner import explore_now
     from dspark_controller.sps_model import SpsModel
 
-    class Rng:
-        def __init__(self, u):
-            self.u, self.calls = u, 0
-
-        def random(self):
-            self.calls += 1
-            return self.u
-
     model = SpsModel()
     cfg = BudgetConfig()
     off = BudgetConfig(explore_prob_young=0.0, explore_prob=0.0, explore_prob_settled=0.0)
-    rng = Rng(0.0)
+    rng = _Draws(0.0)
     assert explore_now(off, model, steps=0, num_req=1, full=4, rng=rng) is False and rng.calls == 0
-    rng = Rng(0.1)                          # under 0.25: explores on a blind row while young
+    rng = _Draws(0.1)                          # under 0.25: explores on a blind row while young
     assert explore_now(cfg, model, steps=0, num_req=1, full=4, rng=rng) is True and rng.calls == 1
-    rng = Rng(0.02)                         # old and blind: 0.03 applies
+    rng = _Draws(0.02)                         # old and blind: 0.03 applies
     assert explore_now(cfg, model, steps=1000, num_req=1, full=4, rng=rng) is True
     for _ in range(10):
         for b in range(1, 5):
             model.update(1, b, 0.02 + 0.01 * b)
-    rng = Rng(0.02)                         # old and settled: 0.01 applies
+    rng = _Draws(0.02)                         # old and settled: 0.01 applies
     assert explore_now(cfg, model, steps=1000, num_req=1, full=4, rng=rng) is False and rng.calls == 1
 
 
