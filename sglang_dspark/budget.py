@@ -233,14 +233,16 @@ class BudgetBrain:
                                                            survival, max_len, num_req, full))
 
     def _uniform_if_better(self, d: VerifyBudgetDecision, survival, max_len: int, num_req: int,
-                           full: int) -> VerifyBudgetDecision:
+                           full: int, theta: Optional[float] = None) -> VerifyBudgetDecision:
         """Verify everything (the uniform path) when its measured step time gives more expected
-        tokens per second than the best ragged budget the profile found."""
-        if self.uniform_step_time is None or d.budget >= full or d.predicted_theta is None:
+        tokens per second than the best ragged budget the profile found (``d``, priced at
+        ``theta`` when given, else at its own prediction); ``d`` itself otherwise."""
+        theta = d.predicted_theta if theta is None else theta
+        if self.uniform_step_time is None or d.budget >= full or theta is None:
             return d
         t_u = self.uniform_step_time(num_req)
         theta_u = uniform_throughput(_host_array(survival[:, :max_len]), num_req=num_req, uniform_step_s=t_u)
-        uniform, checked = prefer_uniform(theta_u, d.predicted_theta, model=self.local_model,
+        uniform, checked = prefer_uniform(theta_u, theta, model=self.local_model,
                                           num_req=num_req, budget=d.budget, rng=self._rng)
         self.boundary_checks += int(checked)
         if uniform:
@@ -262,13 +264,9 @@ class BudgetBrain:
         # path may still beat its best ragged budget (as in the local branch); both sides
         # of that comparison are priced by this engine's own measurements (local_theta)
         if controller_allows_uniform(d):
-            priced = VerifyBudgetDecision(budget=k, predicted_step_seconds=out.predicted_step_seconds,
-                                          predicted_theta=local_theta(
-                                              out.predicted_theta, out.predicted_step_seconds,
-                                              model=self.local_model, num_req=num_req, budget=k))
-            chosen = self._uniform_if_better(priced, survival, max_len, num_req, full)
-            if chosen is not priced:
-                return chosen
+            theta = local_theta(out.predicted_theta, out.predicted_step_seconds,
+                                model=self.local_model, num_req=num_req, budget=k)
+            return self._uniform_if_better(out, survival, max_len, num_req, full, theta=theta)
         return out
 
     @staticmethod

@@ -662,19 +662,22 @@ def prefer_uniform(theta_u: Optional[float], planned_theta: Optional[float], *, 
 def explore_budget(model: Any, *, num_req: int, full: int, rng: Any) -> int:
     """An exploration step's K in ``[0, full]``, from one ``rng.random()`` draw.
 
-    Half the exploration steps take the budget whose ``(R, B = R + K)`` profile cell has the
-    fewest (forgotten) samples (ties split by the same draw), so exploring fills the profile
-    where it is blind: a curve region nobody measured is extrapolated, e.g. into "drafts are
-    too expensive", and nothing would correct it.  The other half take a uniform K, so the
-    whole curve keeps being re-measured (after a drift every cell is stale, not just thin).
-    Uniform always when the model keeps no cells."""
+    Half the exploration steps take the ragged budget (``K < full``) whose ``(R, B = R + K)``
+    profile cell has the fewest (forgotten) samples (ties split by the same draw), so
+    exploring fills the profile where it is blind: a curve region nobody measured is
+    extrapolated, e.g. into "drafts are too expensive", and nothing would correct it.  Not
+    ``K = full``: a full budget may run on SGLang's uniform path, which a ready profile does
+    not learn from (:func:`profile_takes_step`), so its cell can stay thin for good and
+    that half of exploration would teach nothing.  The other half take a uniform K in
+    ``[0, full]``, so the whole curve keeps being re-measured (after a drift every cell is
+    stale, not just thin).  Uniform always when the model keeps no cells."""
     full = max(int(full), 0)
     u = float(rng.random())
     weights = getattr(model, "cell_weights", None)
     if weights is None or full == 0 or u >= 0.5:
         v = (u - 0.5) * 2.0 if u >= 0.5 else u * 2.0
         return min(int(v * (full + 1)), full)
-    w = np.asarray(weights(int(num_req), int(num_req) + np.arange(full + 1)), dtype=np.float64)
+    w = np.asarray(weights(int(num_req), int(num_req) + np.arange(full)), dtype=np.float64)
     ties = np.flatnonzero(w <= w.min() + 1e-9)
     return int(ties[min(int(u * 2.0 * len(ties)), len(ties) - 1)])
 

@@ -354,6 +354,11 @@ def cmd_export(args: argparse.Namespace) -> int:
             f"SpsCostTable at R={args.num_requests or default_num_requests(lp)}")
     print(f"wrote {args.out}: SGLang {what} ({check}); use it with "
           f"--speculative-dspark-sps-table-path {args.out}")
+    if args.format == "additive":
+        gap, at = lp.model.row_correction_extent()
+        if gap > 0.01:
+            print(f"note: SGLang's additive format cannot hold this profile's per-row corrections (up to "
+                  f"{100 * gap:.1f}% of a step at R={at}); for one load, --format cost --num-requests R is exact")
     return EXIT_OK
 
 

@@ -118,6 +118,8 @@ class SpsModelState(BaseModel):
     theta: list[float] = Field(max_length=10_000)
     alpha: list[float] = Field(max_length=10_000)
     jumps: list[int] = Field(default_factory=list, max_length=10_000)
+    # per R-bin correction of the additive fit: [r_bin, b1, seconds1, b2, seconds2, ...]
+    row_lines: list[list[float]] = Field(default_factory=list, max_length=10_000)
     scale: float = Field(gt=0)
     rel_scale: float = Field(gt=0)
     steps: int = Field(ge=0)
@@ -139,6 +141,14 @@ class SpsModelState(BaseModel):
         for c in v:
             if len(c) != 4:
                 raise ValueError("each cell is [r_bin, b_bin, weight, mean_seconds]")
+        return v
+
+    @field_validator("row_lines")
+    @classmethod
+    def _row_lines(cls, v: list[list[float]]) -> list[list[float]]:
+        for c in v:
+            if len(c) < 3 or len(c) % 2 == 0:
+                raise ValueError("each row correction is [r_bin, b1, seconds1, b2, seconds2, ...]")
         return v
 
     @field_validator("raw_samples")

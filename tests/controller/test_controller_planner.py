@@ -262,10 +262,10 @@ def test_explore_budget_fills_the_thinnest_profile_cell_on_half_the_draws():
         for b in range(4, 13):
             m.update(4, b, 0.01 + 0.001 * b)
     full = 16
-    # u < 0.5: a budget whose cell has no samples: B = 13..20, i.e. K = 9..16
-    for u in (0.0, 0.2, 0.49):
-        k = explore_budget(m, num_req=4, full=full, rng=_Draw(u))
-        assert 9 <= k <= full, (u, k)
+    # u < 0.5: a ragged budget whose cell has no samples: B = 13..19, i.e. K = 9..15 (not
+    # K = full, which may run on the uniform path and never fill its cell)
+    ks = {explore_budget(m, num_req=4, full=full, rng=_Draw(u)) for u in (0.0, 0.1, 0.2, 0.3, 0.4, 0.49)}
+    assert ks <= set(range(9, full)) and len(ks) > 1, ks
     # u >= 0.5: uniform over 0..full (so stale cells get re-measured too)
     ks = [explore_budget(m, num_req=4, full=full, rng=_Draw(0.5 + 0.5 * (i + 0.5) / 17)) for i in range(17)]
     assert ks == list(range(17))

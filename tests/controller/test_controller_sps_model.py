@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from dataclasses import replace
 import math
 from pathlib import Path
 
@@ -195,16 +196,24 @@ def _sglang_sps_module():
 @pytest.mark.parametrize("name", ["smooth", "jagged"])
 def test_sglang_loader_reads_exports_and_agrees(tmp_path, name):
     sg = _sglang_sps_module()
-    m = feed(SpsModel(config=SpsModelConfig(max_batch_tokens=1024, max_requests=128)), CURVES[name], 2000, seed=11)
-    add_path = tmp_path / "additive.json"
-    add_path.write_text(json.dumps(m.to_sglang_additive_table()))
-    table = sg.load_sps_table_from_path(str(add_path))
-    assert isinstance(table, sg.SpsAdditiveCostTable)
+    cfg = SpsModelConfig(max_batch_tokens=1024, max_requests=128)
+    m = feed(SpsModel(config=cfg), CURVES[name], 2000, seed=11)
+    # SGLang's additive table holds the additive part of the fit: exact for a model without
+    # per-row corrections (fed the same steps) and for the additive part of one with them
+    plain = feed(SpsModel(config=replace(cfg, row_correction=False)), CURVES[name], 2000, seed=11)
+    assert plain.row_correction_extent() == (0.0, None)
     rng = np.random.default_rng(0)
-    for _ in range(400):
-        R = int(rng.integers(1, 129))
-        B = int(rng.integers(R, 1024))
-        assert table.step_time(num_reqs=R, budget=B - R) == pytest.approx(m.predict_step_time(R, B), rel=1e-9)
+    probes = [(R, int(rng.integers(R, 1024))) for R in rng.integers(1, 129, size=400).tolist()]
+    for model in (plain, m):
+        add_path = tmp_path / "additive.json"
+        add_path.write_text(json.dumps(model.to_sglang_additive_table()))
+        table = sg.load_sps_table_from_path(str(add_path))
+        assert isinstance(table, sg.SpsAdditiveCostTable)
+        for R, B in probes:
+            got = table.step_time(num_reqs=R, budget=B - R)
+            assert got == pytest.approx(model.additive_step_time(R, B), rel=1e-9)
+            if model is plain:
+                assert got == pytest.approx(model.predict_step_time(R, B), rel=1e-9)
     for R in (1, 7, 48):
         cost_path = tmp_path / f"cost{R}.json"
         cost_path.write_text(json.dumps(m.to_sglang_cost_table(num_requests=R)))
@@ -221,3 +230,57 @@ def test_sglang_loader_reads_exports_and_agrees(tmp_path, name):
         ours = compute_lagged_budget(conf, m.sps_function(R)).budget_tokens
         theirs = compute_lagged_budget(conf, st.lookup).budget_tokens
         assert ours == theirs
+
+
+def _mean_rel_error(model, truth, probes):
+    return float(np.mean([abs(model.predict_step_time(r, b) / truth(r, b) - 1.0) for r, b in probes]))
+
+
+def test_row_correction_recovers_per_row_slopes_the_additive_split_cannot():
+    # a CPU-like engine: the cost of one more verified token falls as the batch grows (per
+    # request overheads amortise), so t(R, B) is not theta(B) + alpha(R); rows are measured
+    # where a worker runs them: around an operating point, plus a few explored budgets
+    def truth(r, b):
+        return 0.010 + 0.002 * r + (0.004 / (1.0 + r / 8.0)) * b
+
+    rng = np.random.default_rng(5)
+    plain = SpsModel(config=SpsModelConfig(row_correction=False))
+    fixed = SpsModel()
+    for _ in range(4000):
+        r = int(rng.choice([1, 2, 4, 8, 16, 32]))
+        k = int(rng.integers(0, 4 * r + 1)) if rng.random() < 0.3 else r * int(rng.integers(1, 3))
+        t = truth(r, r + k) * float(np.exp(rng.normal(0.0, 0.08)))
+        for m in (plain, fixed):
+            m.update(r, r + k, t)
+    for r in (4, 32):                    # the step-time ratio the planner trades: 3 drafts each vs 1
+        want = truth(r, 4 * r) / truth(r, 2 * r)
+        got_plain = plain.predict_step_time(r, 4 * r) / plain.predict_step_time(r, 2 * r)
+        got_fixed = fixed.predict_step_time(r, 4 * r) / fixed.predict_step_time(r, 2 * r)
+        assert abs(got_fixed / want - 1) < 0.02, (r, got_fixed, want)
+        assert abs(got_fixed / want - 1) < abs(got_plain / want - 1), (r, got_fixed, got_plain, want)
+    probes = [(r, r + k) for r in (1, 2, 4, 8, 16, 32) for k in range(0, 4 * r + 1, max(r // 2, 1))]
+    assert _mean_rel_error(fixed, truth, probes) < 0.75 * _mean_rel_error(plain, truth, probes)
+    # corrections are part of the state (files, controller snapshots): same predictions after a round trip
+    again = SpsModel.from_state(fixed.to_state())
+    snap = SpsModel.from_state(fixed.snapshot_for_prediction())
+    for r, b in probes:
+        assert again.predict_step_time(r, b) == pytest.approx(fixed.predict_step_time(r, b), rel=1e-12)
+        assert snap.predict_step_time(r, b) == pytest.approx(fixed.predict_step_time(r, b), rel=1e-12)
+        assert float(fixed.sps_function(r)(b)) == pytest.approx(1.0 / fixed.predict_step_time(r, b), rel=1e-12)
+    rows = fixed.row_corrections()
+    assert set(rows) >= {4, 32} and len(rows[32]["batch_tokens"]) == len(rows[32]["seconds"]) > 2
+    assert fixed.row_correction_extent()[0] > 0.01
+
+
+@pytest.mark.parametrize("name", ["smooth", "jagged"])
+def test_row_correction_costs_little_on_an_additive_curve(name):
+    cfg = SpsModelConfig(max_batch_tokens=1024, max_requests=128)
+    plain = feed(SpsModel(config=replace(cfg, row_correction=False)), CURVES[name], 2000, seed=3)
+    fixed = feed(SpsModel(config=cfg), CURVES[name], 2000, seed=3)
+    rng = np.random.default_rng(7)
+    probes = [(r, int(rng.integers(r, min(1024, 9 * r)))) for r in rng.integers(1, 129, size=600).tolist()]
+    truth = lambda r, b: float(CURVES[name].step_time(r, b))     # noqa: E731
+    assert _mean_rel_error(fixed, truth, probes) < 1.1 * _mean_rel_error(plain, truth, probes)
+    for r in (1, 8, 64):                                          # rows stay non-decreasing in B
+        t = fixed.predict_step_time(np.full(1000, r), np.arange(r, r + 1000))
+        assert np.all(np.diff(t) >= -1e-15)
