@@ -184,8 +184,12 @@ class BudgetBrain:
     def __init__(self, *, local_model, config: BudgetConfig = BudgetConfig(),
                  latest_decision: Optional[Callable[[float], object]] = None,
                  enabled: bool = True,
-                 uniform_step_time: Optional[Callable[[int], Optional[float]]] = None) -> None:
+                 uniform_step_time: Optional[Callable[[int], Optional[float]]] = None,
+                 fleet_model: Optional[Callable[[], object]] = None) -> None:
         self.local_model = local_model
+        # the controller's whole profile (None: plan a controller decision with its SGLang
+        # tables); SGLang's additive table cannot hold the profile's per-row corrections
+        self.fleet_model = fleet_model
         # measured seconds of a full-budget step on SGLang's uniform path at R requests (None:
         # unknown); such steps are cheaper than any ragged layout on some devices, which the
         # profile (one monotone curve in B) cannot represent, so the planner compares them
@@ -251,8 +255,10 @@ class BudgetBrain:
 
     def _from_controller(self, d, survival, max_len, num_req, full):
         # the fleet's learned curve is planned here with this step's calibrated survival
+        fleet = self.fleet_model() if self.fleet_model is not None else None
         r = budget_from_controller(d, num_req=num_req, full=full, rng=self._rng,
-                                   plan=lambda sps, floor: self._argmax(survival, max_len, sps, sla_floor=floor))
+                                   plan=lambda sps, floor: self._argmax(survival, max_len, sps, sla_floor=floor),
+                                   curve=fleet.sps_function if fleet is not None and fleet.ready else None)
         if r is None:
             return None
         k, planned = r

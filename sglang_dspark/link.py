@@ -118,6 +118,10 @@ class ControllerLink:
     def latest_decision(self, max_age_s: float):
         return self.client.latest_decision(max_age_s)
 
+    def fleet_model(self):
+        """The controller's profile for this engine (an ``SpsModel``), or None."""
+        return self.client.fleet_model()
+
     def publish(self, rec) -> None:
         self._seq += 1
         if not rec.step_time_s > 0:

@@ -79,7 +79,8 @@ class DSparkControlledWorker(DSparkWorkerV2):
             local_model=self._local_model if online else None,
             config=BudgetConfig.from_env(),
             latest_decision=self._link.latest_decision if self._link else None,
-            enabled=online, uniform_step_time=self._uniform_s.get)
+            enabled=online, uniform_step_time=self._uniform_s.get,
+            fleet_model=self._link.fleet_model if self._link else None)
         planner = self._verify_planner
         self._online_planner = None
         if planner._budget_planner is not None:

@@ -7,8 +7,9 @@ ZeroMQ socket of the client (a DEALER to the controller, a SUB for its broadcast
 decode loop never touches a socket: :meth:`publish_step` appends to a bounded deque
 (the oldest step is dropped and counted when it is full; a plain dict is validated later,
 in the background thread, off the decode step) and :meth:`latest_decision` /
-:meth:`latest_profile` read the last received message, swapped in atomically by the
-background thread. Both are cheap and never raise.
+:meth:`latest_profile` / :meth:`fleet_model` read the last received message (and the
+profile model the background thread rebuilt from it), swapped in atomically by the
+background thread. All are cheap and never raise.
 
 Link life cycle
 ---------------
@@ -124,6 +125,7 @@ class ControllerClient:
         self._thread: Optional[threading.Thread] = None
         self._decision: Optional[tuple[BudgetDecision, float]] = None
         self._profile: Optional[tuple[ProfileUpdate, float]] = None
+        self._fleet_model: Any = None   # SpsModel rebuilt from the last ProfileUpdate (client thread)
         self._state = "connecting"
         self._controller_id: Optional[str] = None
         self._registered = False
@@ -175,6 +177,12 @@ class ControllerClient:
     def latest_profile(self) -> Optional[ProfileUpdate]:
         cur = self._profile
         return None if cur is None else cur[0]
+
+    def fleet_model(self) -> Any:
+        """The controller's profile for this engine as a predicting ``SpsModel`` (rebuilt in
+        the client thread from the last ProfileUpdate; None before one arrived). Unlike the
+        decision's SGLang tables it keeps the whole fit, per-row corrections included."""
+        return self._fleet_model
 
     @property
     def link_state(self) -> str:
@@ -314,6 +322,12 @@ class ControllerClient:
                         elif isinstance(msg, ProfileUpdate) and msg.profile_key == self.profile_key:
                             self._profile = (msg, time.monotonic())
                             self._counters["profiles_received"] += 1
+                            try:
+                                self._fleet_model = msg.to_sps_model()
+                            except Exception:  # a bad snapshot: keep planning on the decision's tables
+                                self._counters["profiles_unusable"] += 1
+                                self._log.warning("bad-profile", "controller profile update %s unusable; "
+                                                  "planning with the decision's tables", msg.profile_key)
         except Exception:  # the worker must survive anything in here
             logger.exception("controller client thread crashed; telemetry is no longer sent")
             self._state = "lost"

@@ -79,8 +79,10 @@ class PlannerBrain:
 
     def __init__(self, *, local_model: Any, config: BrainConfig = BrainConfig(),
                  latest_decision: Optional[Callable[[float], Any]] = None, enabled: bool = True,
-                 uniform_step_time: Optional[Callable[[int], Optional[float]]] = None) -> None:
+                 uniform_step_time: Optional[Callable[[int], Optional[float]]] = None,
+                 fleet_model: Optional[Callable[[], Any]] = None) -> None:
         self.local_model = local_model
+        self.fleet_model = fleet_model
         self.config = config
         self.latest_decision = latest_decision
         self.enabled = enabled
@@ -127,8 +129,10 @@ class PlannerBrain:
         return k
 
     def _from_controller(self, d: Any, survival: np.ndarray, max_len: int, num_req: int, full: int):
+        fleet = self.fleet_model() if self.fleet_model is not None else None
         r = budget_from_controller(d, num_req=num_req, full=full, rng=self._rng,
-                                   plan=lambda sps, floor: self._argmax(survival, max_len, sps, sla_floor=floor))
+                                   plan=lambda sps, floor: self._argmax(survival, max_len, sps, sla_floor=floor),
+                                   curve=fleet.sps_function if fleet is not None and fleet.ready else None)
         if r is None:
             return None
         k, planned = r
@@ -177,13 +181,13 @@ class Backend:
 
     # ---- K from a lagged survival array [R, gamma]
     def brain(self, *, local_model: Any, config: BrainConfig, latest_decision: Any = None,
-              uniform_step_time: Any = None) -> Any:
+              uniform_step_time: Any = None, fleet_model: Any = None) -> Any:
         if self.name == "worker":
             cfg = self._brain_cfg_cls(**config.__dict__)
             return self._brain_cls(local_model=local_model, config=cfg, latest_decision=latest_decision,
-                                   uniform_step_time=uniform_step_time)
+                                   uniform_step_time=uniform_step_time, fleet_model=fleet_model)
         return PlannerBrain(local_model=local_model, config=config, latest_decision=latest_decision,
-                            uniform_step_time=uniform_step_time)
+                            uniform_step_time=uniform_step_time, fleet_model=fleet_model)
 
     def brain_decide(self, brain: Any, survival: np.ndarray, gamma: int) -> Optional[int]:
         if self.name == "worker":
@@ -437,8 +441,10 @@ class ControllerPolicy(OnlinePolicy):
         self._now = 0.0
         self._R = 0
         self.uniform_s = UniformTimes(model)
+        # the worker's client rebuilds the controller's whole profile from its ProfileUpdates;
+        # here the controller object is at hand (its model, not a published snapshot)
         self.brain = backend.brain(local_model=model, config=config, latest_decision=self._latest,
-                                   uniform_step_time=self.uniform_s.get)
+                                   uniform_step_time=self.uniform_s.get, fleet_model=lambda: self.ctrl.model)
 
     @property
     def decision_model(self) -> Any:

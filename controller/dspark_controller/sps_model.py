@@ -65,7 +65,9 @@ A B-bin is *known* once its effective weight reaches ``min_bin_weight``.
 * Without a prior (documented conservative behaviour): unknown bins between known ones
   are linearly interpolated; below the smallest known bin the step time is held flat (no
   speed-up is predicted for verifying fewer tokens than ever seen); above the largest
-  known bin it grows in proportion to B (no free tokens are predicted beyond what was
+  known bin it grows linearly with the slope of the last few known bins, at least
+  ``extrapolate_min_slope`` of and at most the proportional slope ``t(B_hi) / B_hi`` (no
+  free tokens are predicted beyond what was
   seen). With no data at all the model is *not ready*: ``predict_step_time`` returns NaN
   and ``sps_function`` returns a flat curve, which makes every planner verify all tokens,
   exactly SGLang's behaviour with an uninitialised SPS table.
@@ -123,6 +125,7 @@ class SpsModelConfig:
     row_shrink_samples: float = 8.0
     row_slope_rel: float = 0.5
     row_window: int = 3
+    extrapolate_min_slope: float = 0.25
     min_ready_samples: int = 16
     max_raw_samples: int = 4096
     error_window: int = 512
@@ -150,6 +153,8 @@ class SpsModelConfig:
             raise ValueError("scale_half_life_steps must be >= 0 (0 disables the drift factor).")
         if not (self.huber_k > 0 and self.min_bin_weight > 0 and self.prior_weight >= 0):
             raise ValueError("huber_k and min_bin_weight must be > 0 and prior_weight >= 0.")
+        if not 0.0 <= self.extrapolate_min_slope <= 1.0:
+            raise ValueError("extrapolate_min_slope must be in [0, 1] (a fraction of the proportional slope).")
         if not (self.row_shrink_samples >= 0 and self.row_slope_rel > 0 and self.row_window >= 1):
             raise ValueError("row_shrink_samples must be >= 0, row_slope_rel > 0 and row_window >= 1 (how "
                              "far and how locally each row's correction may move from the additive fit).")
@@ -329,6 +334,31 @@ def _local_linear(x: np.ndarray, y: np.ndarray, w: np.ndarray, half: int) -> np.
         icpt = np.where(S0 > 0, (T0 - slope * S1) / S0, y)
     out = icpt + slope * xc
     return np.where(np.isfinite(out), out, y)
+
+
+def _local_linear_shrunk(x: np.ndarray, y: np.ndarray, w: np.ndarray, half: int, lam: float,
+                         n0: float) -> np.ndarray:
+    """At each point, a weighted linear fit over +-half points with its slope shrunk by a
+    ridge ``lam`` (in weight x units^2) and its value by ``S0 / (S0 + n0)`` (S0: the
+    window's weight), evaluated there (vectorised)."""
+    n = x.size
+    xc = x - float((w * x).sum() / w.sum())
+    z = np.zeros(1)
+    c0 = np.concatenate([z, np.cumsum(w)])
+    c1 = np.concatenate([z, np.cumsum(w * xc)])
+    c2 = np.concatenate([z, np.cumsum(w * xc * xc)])
+    d0 = np.concatenate([z, np.cumsum(w * y)])
+    d1 = np.concatenate([z, np.cumsum(w * xc * y)])
+    idx = np.arange(n)
+    lo = np.clip(idx - half, 0, n)
+    hi = np.clip(idx + half + 1, 0, n)
+    S0, S1, S2 = c0[hi] - c0[lo], c1[hi] - c1[lo], c2[hi] - c2[lo]
+    T0, T1 = d0[hi] - d0[lo], d1[hi] - d1[lo]
+    den = np.maximum(S0 * S2 - S1 * S1, 0.0) + lam * S0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        slope = np.where(den > 0, (S0 * T1 - S1 * T0) / den, 0.0)
+        out = (T0 - slope * S1) / S0 + slope * xc
+    return out * S0 / (S0 + n0)
 
 
 class SpsModel:
@@ -619,18 +649,7 @@ class SpsModel:
             fit_slope = float(table[hi] - table[lo]) / (hi - lo) if hi > lo else 0.0
             tau = cfg.row_slope_rel * max(fit_slope, 1e-3 * abs(level))
             lam = (sig_rel * abs(level) / tau) ** 2 if tau > 0 else math.inf
-            n = x.size
-            corr = np.empty(n)
-            for i in range(n):
-                a, b = max(0, i - half), min(n, i + half + 1)
-                ww, xx, ee = w[a:b], x[a:b], e[a:b]
-                s0 = float(ww.sum())
-                xm = float((ww * xx).sum() / s0)
-                em = float((ww * ee).sum() / s0)
-                dx = xx - xm
-                sxx = float((ww * dx * dx).sum())
-                slope = float((ww * dx * (ee - em)).sum() / (sxx + lam)) if sxx > 0 and math.isfinite(lam) else 0.0
-                corr[i] = (em + slope * (x[i] - xm)) * s0 / (s0 + n0)
+            corr = _local_linear_shrunk(x, e, w, half, lam if math.isfinite(lam) else 1e300, n0)
             if np.all(np.isfinite(corr)):
                 out[int(r)] = (x.astype(np.int64), corr)
         return out
@@ -751,7 +770,17 @@ class SpsModel:
         out = np.interp(x, x[kidx], theta[kidx])          # linear between known bins, flat below
         hi = kidx[-1]
         above = np.arange(self.n_b) > hi
-        out[above] = theta[hi] * x[above] / x[hi]           # proportional growth above
+        # above: the trend of the last known bins, between a floor and proportional growth.
+        # Proportional growth alone (t(B_hi) / B_hi per token) is far steeper than the truth
+        # on a curve with a large fixed cost (a CPU engine's), and a pessimistic region is
+        # never visited again to be corrected: the controller's 32-request plans stayed at
+        # ~0.1 draft per request because nothing above B = 70 had been measured
+        avg = theta[hi] / x[hi]
+        last = kidx[-4:]
+        local = ((theta[last[-1]] - theta[last[0]]) / (x[last[-1]] - x[last[0]])
+                 if last.size >= 2 and x[last[-1]] > x[last[0]] else avg)
+        slope = min(avg, max(local, self.config.extrapolate_min_slope * avg))
+        out[above] = theta[hi] + slope * (x[above] - x[hi])
         w = np.where(known, Wb, 1e-6)
         return out, w
 

@@ -70,6 +70,10 @@ def test_many_workers_learn_shared_profiles_and_get_good_decisions(controllers, 
         B = np.array([int(rng.integers(r, (GAMMA + 1) * r + 1)) for r in R])
         err = model.evaluate(R, B, CURVES[kind].step_time(R, B))
         assert err.mape < 0.05, (kind, err)
+        # the client rebuilt the same profile in its thread, for planning (fleet_model)
+        fleet = c.fleet_model()
+        assert fleet is not None and fleet.ready and c.counters.get("profiles_unusable", 0) == 0
+        assert fleet.evaluate(R, B, CURVES[kind].step_time(R, B)).mape < 0.05
     # acceptance is estimated from accepted/verified lengths
     eng = {e.engine_id: e for e in st.engines}
     assert np.allclose(eng["smooth-0"].acceptance, DEFAULT_ACCEPTANCE[:GAMMA], atol=0.06)

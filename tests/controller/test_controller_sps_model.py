@@ -125,8 +125,21 @@ def test_thin_data_without_prior_is_conservative():
     t_lo = m.predict_step_time(16, 100)
     assert m.predict_step_time(16, 20) == pytest.approx(t_lo, rel=1e-3)        # flat below
     t_hi = m.predict_step_time(16, 139)
-    assert m.predict_step_time(16, 400) > t_hi * 2.0                          # proportional above
+    # above: grows with the last bins' trend, here at the floor (a quarter of the proportional
+    # slope t(B_hi) / B_hi: the true 1e-5 s per token is flatter), never faster than proportional
+    t_400 = m.predict_step_time(16, 400)
+    assert t_hi * (1 + 0.25 * 261 / 139) * 0.97 < t_400 < t_hi * 400 / 139
     assert any(lo <= 300 < hi for lo, hi in m.thin_bins())
+
+
+def test_extrapolation_above_the_data_follows_a_linear_curve():
+    m = SpsModel()
+    rng = np.random.default_rng(1)
+    for _ in range(600):                       # a CPU-like line with a large fixed cost, B < 70 seen
+        B = int(rng.integers(32, 70))
+        m.update(32, B, (0.100 + 0.003 * B) * float(np.exp(rng.normal(0.0, 0.03))))
+    for B in (100, 160):                       # proportional growth would say +40% / +90%
+        assert m.predict_step_time(32, B) == pytest.approx(0.100 + 0.003 * B, rel=0.06)
 
 
 def test_thin_data_falls_back_to_prior():

@@ -219,6 +219,30 @@ def test_controller_planned_budgets_also_take_the_cheaper_uniform_path_unless_ca
         assert sim.budget == out.budget, kw                        # the simulator mirrors it
 
 
+def test_a_controller_decision_is_planned_on_the_controllers_whole_profile_when_one_arrived():
+    from dspark_controller.sim_policies import BrainConfig, PlannerBrain
+    from dspark_controller.sps_model import SpsModel
+
+    tables, whole = SpsModel(), SpsModel()
+    for _ in range(20):
+        for b in range(1, 6):
+            tables.update(1, b, 0.010 + 0.010 * (b - 1))   # what the decision's tables say: dear drafts
+            whole.update(1, b, 0.010 + 0.0005 * (b - 1))   # the profile itself: nearly free drafts
+    surv = _rows([[0.9, 0.8, 0.7, 0.6]])
+    cfg = BudgetConfig(explore_prob_young=0.0, explore_prob=0.0, explore_prob_settled=0.0)
+    scfg = BrainConfig(explore_prob_young=0.0, explore_prob=0.0, explore_prob_settled=0.0)
+    d = _controller_decision(tables)
+    on_tables = BudgetBrain(local_model=None, config=cfg, latest_decision=lambda _a: d).decide(surv, max_len=4)
+    assert on_tables.budget < 4
+    for fleet, want in ((lambda: whole, 4), (lambda: None, on_tables.budget), (lambda: SpsModel(), on_tables.budget)):
+        brain = BudgetBrain(local_model=None, config=cfg, latest_decision=lambda _a: d, fleet_model=fleet)
+        out = brain.decide(surv, max_len=4)
+        assert brain.last_source == "controller" and out.budget == want   # no profile yet / not ready: tables
+        sim = PlannerBrain(local_model=None, config=scfg, latest_decision=lambda _a: d,
+                           fleet_model=fleet).decide(surv, max_len=4)
+        assert sim.budget == out.budget
+
+
 def test_uniform_comparison_prices_a_controller_plan_with_the_local_profile():
     from dspark_controller.planner import local_theta
     from dspark_controller.sim_policies import BrainConfig, PlannerBrain
