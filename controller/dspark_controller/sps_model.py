@@ -414,10 +414,10 @@ class SpsModel:
         self._table_list: list[float] = []
         self._alpha_list: list[float] = []
         self._known_b = np.zeros(self.n_b, dtype=bool)
-        # per-row corrections: R-bin -> (lo, hi, xbar, c0, c1) as fitted (persisted), and the
+        # per-row corrections: R-bin -> (knots, corrections) as fitted (persisted), and the
         # monotone curve they give: R-bin -> (lo, hi, offset below lo, offset above hi,
         # shape values for B = lo..hi); dense per-row tables are built on demand
-        self._row_lines: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # R-bin -> (knots, corrections)
+        self._row_lines: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._row_fix: dict[int, tuple[int, int, float, float, list]] = {}
         self._row_tables: dict[int, np.ndarray] = {}
         self._raw: deque = deque(maxlen=config.max_raw_samples)
@@ -772,9 +772,8 @@ class SpsModel:
         above = np.arange(self.n_b) > hi
         # above: the trend of the last known bins, between a floor and proportional growth.
         # Proportional growth alone (t(B_hi) / B_hi per token) is far steeper than the truth
-        # on a curve with a large fixed cost (a CPU engine's), and a pessimistic region is
-        # never visited again to be corrected: the controller's 32-request plans stayed at
-        # ~0.1 draft per request because nothing above B = 70 had been measured
+        # on a curve with a large fixed cost (a CPU engine's), and a region predicted too
+        # dear is never visited again to be corrected (one predicted too cheap is)
         avg = theta[hi] / x[hi]
         last = kidx[-4:]
         local = ((theta[last[-1]] - theta[last[0]]) / (x[last[-1]] - x[last[0]])

@@ -297,3 +297,12 @@ def test_row_correction_costs_little_on_an_additive_curve(name):
     for r in (1, 8, 64):                                          # rows stay non-decreasing in B
         t = fixed.predict_step_time(np.full(1000, r), np.arange(r, r + 1000))
         assert np.all(np.diff(t) >= -1e-15)
+
+
+def test_state_rejects_malformed_row_corrections():
+    m = feed(SpsModel(), CURVES["smooth"], 400, seed=2)
+    state = m.to_state()
+    assert state["row_lines"], "a fed model has row corrections"
+    for bad in ([3], [0, 10.0], [0, 20.0, 0.001, 10.0, 0.002], [0, 0.0, 0.001], [10_000, 5.0, 0.0]):
+        with pytest.raises(ValueError, match="row correction"):
+            SpsModel.from_state({**state, "row_lines": [bad]})
