@@ -311,23 +311,25 @@ def _pav_nondecreasing(y: np.ndarray, w: np.ndarray) -> np.ndarray:
     return np.repeat(vals[: k + 1], cnt[: k + 1])
 
 
-def _local_linear(x: np.ndarray, y: np.ndarray, w: np.ndarray, half: int) -> np.ndarray:
-    """Weighted local-linear fit at each x over a window of +-half points (vectorised)."""
-    n = x.size
-    if n <= 2 or half <= 0:
-        return y.copy()
-    xc = x - x.mean()
+def _window_sums(xc: np.ndarray, y: np.ndarray, w: np.ndarray, half: int) -> tuple[np.ndarray, ...]:
+    """Per point, the weighted sums over a window of +-half points that a local-linear fit
+    needs: ``S0 = sum w``, ``S1 = sum w xc``, ``S2 = sum w xc^2``, ``T0 = sum w y``, ``T1 =
+    sum w xc y`` (vectorised with cumulative sums; ``xc``: centred positions)."""
+    n = xc.size
     z = np.zeros(1)
-    c0 = np.concatenate([z, np.cumsum(w)])
-    c1 = np.concatenate([z, np.cumsum(w * xc)])
-    c2 = np.concatenate([z, np.cumsum(w * xc * xc)])
-    d0 = np.concatenate([z, np.cumsum(w * y)])
-    d1 = np.concatenate([z, np.cumsum(w * xc * y)])
+    c = [np.concatenate([z, np.cumsum(v)]) for v in (w, w * xc, w * xc * xc, w * y, w * xc * y)]
     idx = np.arange(n)
     lo = np.clip(idx - half, 0, n)
     hi = np.clip(idx + half + 1, 0, n)
-    S0, S1, S2 = c0[hi] - c0[lo], c1[hi] - c1[lo], c2[hi] - c2[lo]
-    T0, T1 = d0[hi] - d0[lo], d1[hi] - d1[lo]
+    return tuple(ci[hi] - ci[lo] for ci in c)
+
+
+def _local_linear(x: np.ndarray, y: np.ndarray, w: np.ndarray, half: int) -> np.ndarray:
+    """Weighted local-linear fit at each x over a window of +-half points (vectorised)."""
+    if x.size <= 2 or half <= 0:
+        return y.copy()
+    xc = x - x.mean()
+    S0, S1, S2, T0, T1 = _window_sums(xc, y, w, half)
     den = S0 * S2 - S1 * S1
     with np.errstate(divide="ignore", invalid="ignore"):
         slope = np.where(np.abs(den) > 1e-12 * np.maximum(S0 * S2, 1e-300), (S0 * T1 - S1 * T0) / den, 0.0)
@@ -341,19 +343,8 @@ def _local_linear_shrunk(x: np.ndarray, y: np.ndarray, w: np.ndarray, half: int,
     """At each point, a weighted linear fit over +-half points with its slope shrunk by a
     ridge ``lam`` (in weight x units^2) and its value by ``S0 / (S0 + n0)`` (S0: the
     window's weight), evaluated there (vectorised)."""
-    n = x.size
     xc = x - float((w * x).sum() / w.sum())
-    z = np.zeros(1)
-    c0 = np.concatenate([z, np.cumsum(w)])
-    c1 = np.concatenate([z, np.cumsum(w * xc)])
-    c2 = np.concatenate([z, np.cumsum(w * xc * xc)])
-    d0 = np.concatenate([z, np.cumsum(w * y)])
-    d1 = np.concatenate([z, np.cumsum(w * xc * y)])
-    idx = np.arange(n)
-    lo = np.clip(idx - half, 0, n)
-    hi = np.clip(idx + half + 1, 0, n)
-    S0, S1, S2 = c0[hi] - c0[lo], c1[hi] - c1[lo], c2[hi] - c2[lo]
-    T0, T1 = d0[hi] - d0[lo], d1[hi] - d1[lo]
+    S0, S1, S2, T0, T1 = _window_sums(xc, y, w, half)
     den = np.maximum(S0 * S2 - S1 * S1, 0.0) + lam * S0
     with np.errstate(divide="ignore", invalid="ignore"):
         slope = np.where(den > 0, (S0 * T1 - S1 * T0) / den, 0.0)
