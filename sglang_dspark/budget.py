@@ -255,10 +255,9 @@ class BudgetBrain:
 
     def _from_controller(self, d, survival, max_len, num_req, full):
         # the fleet's learned curve is planned here with this step's calibrated survival
-        fleet = self.fleet_model() if self.fleet_model is not None else None
         r = budget_from_controller(d, num_req=num_req, full=full, rng=self._rng,
                                    plan=lambda sps, floor: self._argmax(survival, max_len, sps, sla_floor=floor),
-                                   curve=fleet.sps_function if fleet is not None and fleet.ready else None)
+                                   fleet=self.fleet_model() if self.fleet_model is not None else None)
         if r is None:
             return None
         k, planned = r

@@ -789,15 +789,16 @@ def controller_allows_uniform(d: Any) -> bool:
 
 def budget_from_controller(d: Any, *, num_req: int, full: int, rng: Any,
                            plan: Callable[[SpsFn, Optional[float]], Any],
-                           curve: Optional[Callable[[int], SpsFn]] = None) -> Optional[tuple[int, Any]]:
+                           fleet: Any = None) -> Optional[tuple[int, Any]]:
     """K from a fresh controller decision ``d``, or None when it says nothing for this batch.
 
     Order: exploration coin, verify-all, a ``fixed`` policy's fraction, the controller's
     learned curve planned here with this step's per-request survival (``plan(sps,
     sla_floor)``, whose result is returned beside K), the controller's fraction while no
     curve has arrived, its K if it was computed for this batch size. ``max_budget_tokens``
-    caps everything but verify-all. The curve is ``curve(R)`` when given (the controller's
-    whole profile, rebuilt from its ProfileUpdate), else the decision's SGLang tables.
+    caps everything but verify-all. The curve is the ``fleet`` model's when it is given and
+    ready (the controller's whole profile, rebuilt from its ProfileUpdate), else the
+    decision's SGLang tables.
     """
     cap = full if d.max_budget_tokens is None else min(full, int(d.max_budget_tokens))
     if d.explore_prob and rng.random() < float(d.explore_prob):
@@ -808,7 +809,7 @@ def budget_from_controller(d: Any, *, num_req: int, full: int, rng: Any,
     if d.budget_frac is not None and mode == "fixed":
         return min(cap, int(float(d.budget_frac) * full)), None
     # the controller's own K assumes every request has the engine's mean acceptance
-    sps = curve(num_req) if curve is not None else d.sps_function(num_req)
+    sps = fleet.sps_function(num_req) if fleet is not None and fleet.ready else d.sps_function(num_req)
     if sps is None and d.budget_frac is not None:
         return min(cap, int(float(d.budget_frac) * full)), None
     if sps is not None:

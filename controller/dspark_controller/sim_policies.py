@@ -129,10 +129,9 @@ class PlannerBrain:
         return k
 
     def _from_controller(self, d: Any, survival: np.ndarray, max_len: int, num_req: int, full: int):
-        fleet = self.fleet_model() if self.fleet_model is not None else None
         r = budget_from_controller(d, num_req=num_req, full=full, rng=self._rng,
                                    plan=lambda sps, floor: self._argmax(survival, max_len, sps, sla_floor=floor),
-                                   curve=fleet.sps_function if fleet is not None and fleet.ready else None)
+                                   fleet=self.fleet_model() if self.fleet_model is not None else None)
         if r is None:
             return None
         k, planned = r

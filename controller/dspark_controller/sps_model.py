@@ -406,10 +406,11 @@ class SpsModel:
         self._alpha_list: list[float] = []
         self._known_b = np.zeros(self.n_b, dtype=bool)
         # per-row corrections: R-bin -> (knots, corrections) as fitted (persisted), and the
-        # monotone curve they give: R-bin -> (lo, hi, offset below lo, offset above hi,
-        # shape values for B = lo..hi); dense per-row tables are built on demand
+        # monotone curve they give over the row's measured range: R-bin -> (lo, hi, shape
+        # values for B = lo..hi); a row's dense table (the one definition of its predicted
+        # curve, :meth:`_row_table`) is built on demand
         self._row_lines: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._row_fix: dict[int, tuple[int, int, float, float, list]] = {}
+        self._row_fix: dict[int, tuple[int, int, np.ndarray]] = {}
         self._row_tables: dict[int, np.ndarray] = {}
         self._raw: deque = deque(maxlen=config.max_raw_samples)
         self._rel_err: deque = deque(maxlen=config.error_window)
@@ -680,33 +681,26 @@ class SpsModel:
             base = self._table[lo:hi + 1] + alpha[rb]
             v = base + np.interp(np.arange(lo, hi + 1, dtype=np.float64), np.asarray(kx, dtype=np.float64), kc)
             v = np.maximum.accumulate(np.maximum(v, 2 * _MIN_STEP_SECONDS))   # non-decreasing in B
-            self._row_fix[int(rb)] = (lo, hi, float(v[0] - base[0]), float(v[-1] - base[-1]), v.tolist())
+            self._row_fix[int(rb)] = (lo, hi, v)
         self._fit_valid = True
 
     def _shape_at(self, rb: int, b: int) -> float:
         """Drift-free predicted step time at R-bin ``rb`` and ``0 <= b < b_top`` (scalar path)."""
-        a = self._alpha_list[rb]
-        fix = self._row_fix.get(rb)
-        if fix is None:
-            return self._table_list[max(b, 1)] + a
-        lo, hi, d_lo, d_hi, vals = fix
-        if b < lo:
-            return self._table_list[max(b, 1)] + a + d_lo
-        if b > hi:
-            return self._table_list[b] + a + d_hi
-        return vals[b - lo]
+        return float(self._row_table(rb)[max(b, 1)])
 
     def _row_table(self, rb: int) -> np.ndarray:
-        """Dense drift-free step times of R-bin ``rb`` for B = 0 .. b_top - 1 (cached per fit)."""
+        """Dense drift-free step times of R-bin ``rb`` for B = 0 .. b_top - 1 (cached per fit):
+        the additive fit, its measured range replaced by the corrected curve, and the parts
+        below and above shifted to meet that curve at its ends (monotone, continuous)."""
         t = self._row_tables.get(rb)
         if t is None:
             t = self._table + self._alpha[rb]
             fix = self._row_fix.get(rb)
             if fix is not None:
-                lo, hi, d_lo, d_hi, vals = fix
-                t[:lo] += d_lo
+                lo, hi, vals = fix
+                t[:lo] += vals[0] - t[lo]
+                t[hi + 1:] += vals[-1] - t[hi]
                 t[lo:hi + 1] = vals
-                t[hi + 1:] += d_hi
             self._row_tables[rb] = t
         return t
 
@@ -725,9 +719,9 @@ class SpsModel:
         ranges the rows measured, and the first R of that row (``(0.0, None)`` without any)."""
         self._ensure_fit()
         worst, at = 0.0, None
-        for rb, (lo, hi, _dlo, _dhi, vals) in self._row_fix.items():
+        for rb, (lo, hi, vals) in self._row_fix.items():
             base = self._table[lo:hi + 1] + self._alpha[rb]
-            rel = float(np.max(np.abs(np.asarray(vals) / np.maximum(base, 1e-300) - 1.0)))
+            rel = float(np.max(np.abs(vals / np.maximum(base, 1e-300) - 1.0)))
             if rel > worst:
                 worst, at = rel, int(self.r_edges[rb])
         return worst, at
