@@ -18,7 +18,9 @@ Registrations:
     SGLang's ``IntelAMXAttnBackend`` under a name that is not silently downgraded to
     ``torch_native`` when AMX weight packing is missing (CPU only).
 
-Hooks (``HookRegistry``), see ``HOOKS`` below for the exact targets.
+Hooks (``HookRegistry``), see :func:`all_seams` below for the exact targets, among them
+``SchedulerInternalStateController._update_handlers`` (AFTER): our
+``/set_internal_state`` key ``dspark_unpin_budget`` (:mod:`sglang_dspark.internal_state`).
 """
 
 from __future__ import annotations
@@ -98,6 +100,25 @@ def all_seams() -> list[Seam]:
         "SGLANG_DSPARK_FUSED_SEQ_HEAD: our fused sequential head (torch on CPU by default, "
         "SGLang's kernels on GPU by default)", cpu_only=False,
         hook=seq_head.fused_draft_markov_block))
+    from sglang_dspark import internal_state
+
+    seams.append(Seam(
+        "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"
+        "._update_handlers", "after",
+        "/set_internal_state key dspark_unpin_budget: lift a pinned budget fraction, which "
+        "SGLang's HTTP type cannot (null is not a number) (internal_state.py)", cpu_only=False,
+        hook=internal_state.update_handlers_hook))
+    seams += [
+        Seam("sglang.srt.managers.scheduler_components.internal_state._UpdateHandler", "requires",
+             "our /set_internal_state key uses SGLang's handler type (internal_state.py)", cpu_only=False),
+        Seam("sglang.srt.managers.scheduler_components.internal_state.UpdateRejected", "requires",
+             "our /set_internal_state key rejects bad values as SGLang's do (internal_state.py)",
+             cpu_only=False),
+        Seam("sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"
+             "._require_dspark_worker", "requires",
+             "our /set_internal_state key checks for a DSpark worker as SGLang's do (internal_state.py)",
+             cpu_only=False),
+    ]
     # internals our subclasses and collaborators rely on (resolved at start-up like the hooks)
     _planner = "sglang.srt.speculative.dspark_components.dspark_planner"
     seams += [

@@ -34,6 +34,8 @@ class StepRecord:
     survival: Optional[object] = None
     # ran on SGLang's uniform verify path (a full-budget step, SGLANG_DSPARK_FULL_BUDGET_STATIC)
     uniform: bool = False
+    # the operator pinned the budget (dspark_force_budget_frac) for this step
+    forced: bool = False
 
 
 class StepClock:

@@ -34,6 +34,17 @@ import sglang_dspark
 logger = logging.getLogger(__name__)
 
 
+def _env_bool(name: str, default: bool) -> bool:
+    v = os.environ.get(name, "").strip().lower()
+    if not v:
+        return default
+    if v in ("1", "true", "on", "yes"):
+        return True
+    if v in ("0", "false", "off", "no"):
+        return False
+    raise ValueError(f"{name} must be 1 or 0, got {os.environ.get(name)!r}")
+
+
 def _env_float(name: str, default: float) -> float:
     try:
         return float(os.environ.get(name, default))
@@ -49,6 +60,7 @@ class DSparkControlledWorker(DSparkWorkerV2):
         self._dspark_ready = False
         self._telemetry_time_s = 0.0
         self._telemetry_calls = 0
+        self._forced_unlearned = 0
         if not getattr(self, "_hosts_draft", False):
             return
         from sglang_dspark.capture import install as install_capture  # SGLANG_DSPARK_CAPTURE
@@ -60,6 +72,7 @@ class DSparkControlledWorker(DSparkWorkerV2):
         sa = self.server_args
         self._tp_size = int(getattr(sa, "tp_size", 1) or 1)
         self._log_interval = _env_float("SGLANG_DSPARK_LOG_INTERVAL_S", 30.0)
+        self._learn_forced = _env_bool("SGLANG_DSPARK_LEARN_FORCED", True)
         self._clock = StepClock(self.device)
         self._stats = StepStats()
         online = os.environ.get("SGLANG_DSPARK_ONLINE", "1") != "0"
@@ -154,6 +167,7 @@ class DSparkControlledWorker(DSparkWorkerV2):
             # the copies are queued before the step's end event and read once it fired.
             rec.accepted_lens = self._host(getattr(result, "accept_lens", None))
             rec.uniform = bool(uniform)
+            rec.forced = budget is not None and self._brain.last_source == "forced"
             # on the uniform path every draft is verified (cap lens are not per-request there)
             if self._compact and not uniform:
                 rec.verify_lens = self._host(getattr(result, "cap_lens", None))
@@ -182,12 +196,18 @@ class DSparkControlledWorker(DSparkWorkerV2):
             self._online_planner.calibrator.observe(rec.survival, rec.accepted_lens, rec.verify_lens)
         rec.survival = None
         self._stats.add(rec, rec.predicted_step_s)
-        # uniform-path steps keep their own per-R time (BudgetBrain._uniform_if_better) and
-        # feed the profile only until it is ready, or it would learn only from exploration
-        learn_step_time(self._local_model, self._uniform_s, self._brain, num_req=rec.num_requests,
-                        batch_tokens=rec.verify_tokens, step_s=rec.step_time_s, uniform=rec.uniform)
-        if self._link is not None:
-            self._link.publish(rec)
+        if rec.forced and not self._learn_forced:
+            # SGLANG_DSPARK_LEARN_FORCED=0: a pinned budget is an experiment on a live server
+            # (the benchmark's fixed budgets); it teaches neither the local profile nor the
+            # controller, so the policy that runs after it is the one that ran before it
+            self._forced_unlearned += 1
+        else:
+            # uniform-path steps keep their own per-R time (BudgetBrain._uniform_if_better) and
+            # feed the profile only until it is ready, or it would learn only from exploration
+            learn_step_time(self._local_model, self._uniform_s, self._brain, num_req=rec.num_requests,
+                            batch_tokens=rec.verify_tokens, step_s=rec.step_time_s, uniform=rec.uniform)
+            if self._link is not None:
+                self._link.publish(rec)
         if self._metrics is not None:
             self._metrics.observe(rec, sources=self._brain.sources,
                                   link_state=self._link.client.link_state if self._link else None)
@@ -208,6 +228,7 @@ class DSparkControlledWorker(DSparkWorkerV2):
             state.update({
                 "budget_sources": dict(self._brain.sources),
                 "boundary_checks": self._brain.boundary_checks,
+                "forced_steps_not_learned": self._forced_unlearned,
                 "last_budget_source": self._brain.last_source,
                 "telemetry": self._stats.summary(),
                 "local_profile": None if model is None else {

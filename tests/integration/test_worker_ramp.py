@@ -37,7 +37,8 @@ def test_budgets_fall_with_load_from_online_profile(bench_pair, monkeypatch):
     srv = SGLangServer(model_path=bench_pair["target"], draft_path=bench_pair["draft"],
                        env={"SGLANG_RAGGED_VERIFY_MODE": "compact",
                             "SGLANG_DSPARK_ENABLE_SPS_RECORD": "1",
-                            "SGLANG_DSPARK_LOG_INTERVAL_S": "0"},
+                            "SGLANG_DSPARK_LOG_INTERVAL_S": "0",
+                            "SGLANG_DSPARK_LEARN_FORCED": "0"},
                        extra_args=["--max-running-requests", "32"])
     with srv:
         for c in (4, 16, 32, 1, 8):  # learning traffic
@@ -47,6 +48,7 @@ def test_budgets_fall_with_load_from_online_profile(bench_pair, monkeypatch):
         for c in (1, 1, 32, 32):     # measured traffic, profile already learned
             assert _level(srv, c) == [32] * c
         info = srv.server_info()["internal_states"][0]["dspark_info_record"]
+        _check_pinned_steps_not_learned(srv)
     plugin = info["sglang_dspark"]
     assert plugin["local_profile"]["ready"]
     assert plugin["budget_sources"].get("local", 0) > 20, plugin["budget_sources"]
@@ -68,3 +70,43 @@ def test_budgets_fall_with_load_from_online_profile(bench_pair, monkeypatch):
     tel = plugin["telemetry"]
     assert tel["profile_rel_error_median"] is not None
     assert tel["profile_rel_error_median"] < 0.5, tel
+
+
+def _plugin(srv):
+    return srv.server_info()["internal_states"][0]["dspark_info_record"]
+
+
+def _pin(srv, frac):
+    args = {"dspark_unpin_budget": 1} if frac is None else {"dspark_force_budget_frac": frac}
+    r = http_json(srv.url + "/set_internal_state", {"server_args": args})
+    # one answer per DP rank: {"updated": bool} or a bare bool
+    assert all(bool(x.get("updated")) if isinstance(x, dict) else x is True
+               for x in (r if isinstance(r, list) else [r])), r
+
+
+def _check_pinned_steps_not_learned(srv):
+    """SGLANG_DSPARK_LEARN_FORCED=0: steps run under the operator's pinned fraction change
+    neither the local profile nor the policy; un-pinning (our ``dspark_unpin_budget`` key)
+    returns to the online policy, which learns again.  A bad value is refused."""
+    before = _plugin(srv)
+    samples0 = before["sglang_dspark"]["local_profile"]["samples"]
+    n_rec = len(before["records"])
+    _pin(srv, 0.5)
+    assert _level(srv, 4) == [32] * 4
+    pinned = _plugin(srv)
+    st = pinned["sglang_dspark"]
+    assert st["local_profile"]["samples"] == samples0
+    forced = st["budget_sources"].get("forced", 0) - before["sglang_dspark"]["budget_sources"].get("forced", 0)
+    assert forced > 5 and st["forced_steps_not_learned"] >= forced - 2, st
+    gamma = pinned["gamma"]
+    recs = [r for r in pinned["records"][n_rec:] if r.get("budget") is not None]
+    match = [r["budget"] == int(0.5 * r["num_running_reqs"] * gamma) for r in recs]
+    assert recs and sum(match) >= 0.8 * len(recs), \
+        [(r["budget"], r["num_running_reqs"]) for r in recs]
+    r = http_json(srv.url + "/set_internal_state", {"server_args": {"dspark_unpin_budget": 2}})
+    assert not any(bool(x.get("updated")) if isinstance(x, dict) else x for x in (r if isinstance(r, list) else [r]))
+    _pin(srv, None)
+    assert _level(srv, 4) == [32] * 4
+    after = _plugin(srv)["sglang_dspark"]
+    assert after["local_profile"]["samples"] > samples0
+    assert after["budget_sources"].get("forced", 0) == st["budget_sources"].get("forced", 0)
