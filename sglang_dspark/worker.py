@@ -248,14 +248,18 @@ class DSparkControlledWorker(DSparkWorkerV2):
 
     def _curve_at_last_load(self) -> Optional[dict]:
         """The local profile's predicted step time at the latest step's request count, for
-        budgets of 0, 1/4, ... all of the draft tokens: what the planner trades against."""
+        budgets of 0, 1/4, ... all of the draft tokens, and the uniform path's measured time:
+        what the planner trades against."""
         model, last = self._local_model, self._stats.last_record
         if model is None or not model.ready or last is None or not last.num_requests:
             return None
         r, gamma = int(last.num_requests), int(self.verify_num_draft_tokens) - 1
         bs = [r + (r * gamma * q) // 4 for q in range(5)]
+        u = self._uniform_s.get(r)
         return {"num_requests": r, "batch_tokens": bs,
-                "predicted_step_ms": [round(1e3 * float(model.predict_step_time(r, b)), 3) for b in bs]}
+                "predicted_step_ms": [round(1e3 * float(model.predict_step_time(r, b)), 3) for b in bs],
+                # a full budget on SGLang's uniform path, measured (None: not seen at this R)
+                "uniform_step_ms": None if u is None else round(1e3 * float(u), 3)}
 
     def _overhead(self) -> dict:
         """Mean host time per decode step spent in our code: the budget planning call

@@ -460,8 +460,9 @@ class ActiveProfiler:
 
         SGLang's handler accepts ``null`` to clear the pinned fraction, but SGLang 0.5.23's
         HTTP request schema (``Dict[str, Union[int, float]]``) refuses it with HTTP 400.
-        Then the fraction is left at 1.0 (verify every draft token: what SGLang does with
-        no SPS table) and the user is told to restart the server.
+        Then sglang-dspark's own key (``dspark_unpin_budget``, on servers with our plugin)
+        lifts the pin.  A server with neither is left at 1.0 (verify every draft token:
+        what SGLang does with no SPS table) and the user is told to restart it.
         """
         if not self._forced:
             return
@@ -479,9 +480,15 @@ class ActiveProfiler:
             m = re.search(r"HTTP \d+", str(exc))
             first = f"it answered {m.group(0)}" if m else str(exc).splitlines()[0][:120]
         try:
+            self.server.set_internal({"dspark_unpin_budget": 1})   # sglang_dspark/internal_state.py
+            return
+        except ProfilingError:
+            pass
+        try:
             self.server.set_internal({"dspark_force_budget_frac": 1.0})
             self.warn(f"the server refused to clear the pinned verify-budget fraction ({first}; SGLang 0.5.23's "
-                      "/set_internal_state schema does not accept null), so it is left at 1.0: verify every "
+                      "/set_internal_state schema does not accept null, and the server has no sglang-dspark "
+                      "plugin, whose dspark_unpin_budget key would), so it is left at 1.0: verify every "
                       "draft token, SGLang's behaviour without an SPS table. Restart the server to give it its own "
                       "budget decisions back.")
         except ProfilingError as exc:

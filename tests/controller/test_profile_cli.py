@@ -42,7 +42,7 @@ def true_step_s(r: int, b: int) -> float:
 class FakeSGLang:
     def __init__(self, *, port: Optional[int] = None, mode: str = "compact", records: bool = True,
                  max_running: int = 8, model_path: str = "/models/tiny-target", noise: float = 0.02,
-                 null_ok: bool = False) -> None:
+                 null_ok: bool = False, unpin_ok: bool = False) -> None:
         self.port = port or free_port()
         self.mode = mode
         self.records_on = records
@@ -50,6 +50,7 @@ class FakeSGLang:
         self.model_path = model_path
         self.noise = noise
         self.null_ok = null_ok               # SGLang 0.5.23's HTTP schema refuses null (HTTP 400)
+        self.unpin_ok = unpin_ok             # sglang-dspark's dspark_unpin_budget key (plugin installed)
         self.cleared = 0
         self.fail_generates = 0             # the next N /generate calls answer HTTP 500
         self.restart_after_generates: Optional[int] = None
@@ -179,6 +180,13 @@ class FakeSGLang:
                         self._send(400, {"object": "error", "message": "Input should be an instance of "
                                                                       "SetInternalStateReq"})
                         return
+                    if "dspark_unpin_budget" in args:   # unknown to plain SGLang: not updated
+                        if not fake.unpin_ok or args["dspark_unpin_budget"] != 1:
+                            self._send(200, {"updated": False})
+                            return
+                        with fake._lock:
+                            fake.forced = None
+                            fake.forced_history.append(None)
                     if args.get("dspark_clear_info_records"):
                         with fake._lock:
                             fake.records.clear()
@@ -313,6 +321,17 @@ def test_active_profile_survives_failed_requests_and_a_server_restart(fake, tmp_
     assert pf.samples_seen >= 100 and rel_err_vs_truth(out) < 0.08
     # like SGLang 0.5.23 this server refuses null: the fraction is left at verify-all, and the user is told
     assert srv.forced == 1.0 and "Restart the server" in r.stderr
+
+
+def test_a_server_with_our_plugin_gets_its_budget_decisions_back(fake, tmp_path):
+    # null is refused (SGLang 0.5.23's schema), but sglang-dspark's dspark_unpin_budget key
+    # lifts the pin: no fallback to 1.0, no "restart the server"
+    srv = fake(unpin_ok=True)
+    out = tmp_path / "p.json"
+    r = profile_cli(srv.url, out, "--max-passes", "2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert srv.forced is None and srv.forced_history[-1] is None, srv.forced_history[-3:]
+    assert "Restart the server" not in r.stderr and 1.0 not in srv.forced_history[-2:]
 
 
 def test_server_gone_for_good_gives_a_clear_error_and_resume_finishes(fake, tmp_path):
