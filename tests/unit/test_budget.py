@@ -363,6 +363,35 @@ def test_prefer_uniform_rechecks_only_thin_ragged_cells():
     assert prefer_uniform(30.0, 20.0, model=None, rng=_Draws(0.0), **kw) == (True, False)
 
 
+def test_a_near_tie_keeps_rechecking_at_a_fading_share():
+    from dspark_controller.planner import (BOUNDARY_CHECK_PROB, BOUNDARY_MIN_SAMPLES, BOUNDARY_NEAR,
+                                           boundary_check_probability, prefer_uniform)
+    from dspark_controller.sps_model import SpsModel
+
+    n = int(2 * BOUNDARY_MIN_SAMPLES)
+    thick = SpsModel()
+    for b in range(1, 6):
+        for _ in range(n):
+            thick.update(1, b, 0.02 + 0.01 * (b - 1))
+    w = float(thick.cell_weights(1, [3])[0])
+    assert w >= BOUNDARY_MIN_SAMPLES
+    p = boundary_check_probability(w, 0.5 * BOUNDARY_NEAR)
+    assert p == pytest.approx(BOUNDARY_CHECK_PROB * (BOUNDARY_MIN_SAMPLES / w) ** 2) and 0 < p < BOUNDARY_CHECK_PROB
+    # it fades as the cell fills, is the full share on a thin cell, and zero past the margin
+    assert boundary_check_probability(4 * w, 0.0) < p / 10
+    assert boundary_check_probability(1.0, 5.0) == BOUNDARY_CHECK_PROB
+    assert boundary_check_probability(w, BOUNDARY_NEAR) == 0.0
+    kw = dict(num_req=1, budget=2)
+    near = 20.0 * (1 + 0.5 * BOUNDARY_NEAR)
+    rng = _Draws(p * 0.9)
+    assert prefer_uniform(near, 20.0, model=thick, rng=rng, **kw) == (False, True) and rng.calls == 1
+    rng = _Draws(p * 1.1)
+    assert prefer_uniform(near, 20.0, model=thick, rng=rng, **kw) == (True, False) and rng.calls == 1
+    rng = _Draws(0.0)   # a clear win: no draw, no check
+    assert prefer_uniform(20.0 * (1 + 2 * BOUNDARY_NEAR), 20.0, model=thick, rng=rng, **kw) == (True, False)
+    assert rng.calls == 0
+
+
 def test_brain_rechecks_a_thin_ragged_plan_on_a_share_of_steps_and_simulator_agrees():
     """Uniform measured faster than a ragged plan the profile has barely seen: the worker
     still runs that plan on about BOUNDARY_CHECK_PROB of the steps (counted), and the
