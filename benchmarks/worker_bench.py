@@ -233,11 +233,8 @@ def pin_fraction(srv: SGLangServer, f: float | None) -> None:
     """Pin the verify budget at fraction f of all draft tokens (SGLang's knob), or lift the
     pin (None: our ``dspark_unpin_budget`` key, sglang_dspark/internal_state.py)."""
     args = {"dspark_unpin_budget": 1} if f is None else {"dspark_force_budget_frac": f}
-    r = http_json(srv.url + "/set_internal_state", {"server_args": args})
-    ok = all(bool(x.get("updated")) if isinstance(x, dict) else bool(x)
-             for x in (r if isinstance(r, list) else [r]))
-    if not ok:
-        raise SystemExit(f"server refused {args}: {r}")
+    if not srv.set_internal_state(args):
+        raise SystemExit(f"server refused /set_internal_state {args} (see {srv.log_path})")
 
 
 class Suspended:

@@ -21,7 +21,9 @@ from typing import Any
 UNPIN_KEY = "dspark_unpin_budget"
 
 
-def add_handlers(handlers: dict, controller) -> dict:
+def update_handlers_hook(handlers: dict, controller, *args, **kwargs) -> dict:
+    """AFTER hook on ``SchedulerInternalStateController._update_handlers``: SGLang's handler
+    table (``handlers``) plus ours."""
     from sglang.srt.managers.scheduler_components.internal_state import UpdateRejected, _UpdateHandler
 
     def validate(key: str, value: Any) -> None:
@@ -32,11 +34,4 @@ def add_handlers(handlers: dict, controller) -> dict:
     def apply(key: str, value: Any) -> None:
         controller.scheduler.draft_worker.set_dspark_forced_budget_frac(None)
 
-    out = dict(handlers)
-    out[UNPIN_KEY] = _UpdateHandler(validate, apply)
-    return out
-
-
-def update_handlers_hook(result, controller, *args, **kwargs):
-    """AFTER hook: SGLang's handler table plus ours."""
-    return add_handlers(result, controller)
+    return {**handlers, UNPIN_KEY: _UpdateHandler(validate, apply)}

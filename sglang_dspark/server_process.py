@@ -106,6 +106,12 @@ class SGLangServer:
     def server_info(self) -> dict:
         return http_json(self.url + "/server_info")
 
+    def set_internal_state(self, server_args: dict) -> bool:
+        """``POST /set_internal_state``; True when every DP rank applied it."""
+        from dspark_controller.profiling import internal_state_updated
+
+        return internal_state_updated(http_json(self.url + "/set_internal_state", {"server_args": server_args}))
+
     def stop(self, timeout: float = 30.0) -> int | None:
         if self.proc is None:
             return None

@@ -34,15 +34,23 @@ import sglang_dspark
 logger = logging.getLogger(__name__)
 
 
-def _env_bool(name: str, default: bool) -> bool:
-    v = os.environ.get(name, "").strip().lower()
-    if not v:
+_ON, _OFF = ("1", "true", "on"), ("0", "false", "off")
+
+
+def _env_switch(name: str, default: Optional[bool], *, auto: bool = False) -> Optional[bool]:
+    """An on/off environment variable: 1|true|on, 0|false|off, or (``auto``) the word
+    ``auto`` -> None; unset -> ``default``."""
+    raw = os.environ.get(name)
+    if raw is None:
         return default
-    if v in ("1", "true", "on", "yes"):
+    v = raw.strip().lower()
+    if v in _ON:
         return True
-    if v in ("0", "false", "off", "no"):
+    if v in _OFF:
         return False
-    raise ValueError(f"{name} must be 1 or 0, got {os.environ.get(name)!r}")
+    if auto and v == "auto":
+        return None
+    raise ValueError(f"{name} must be 1, 0{' or auto' if auto else ''}, got {raw!r}")
 
 
 def _env_float(name: str, default: float) -> float:
@@ -72,7 +80,7 @@ class DSparkControlledWorker(DSparkWorkerV2):
         sa = self.server_args
         self._tp_size = int(getattr(sa, "tp_size", 1) or 1)
         self._log_interval = _env_float("SGLANG_DSPARK_LOG_INTERVAL_S", 30.0)
-        self._learn_forced = _env_bool("SGLANG_DSPARK_LEARN_FORCED", True)
+        self._learn_forced = _env_switch("SGLANG_DSPARK_LEARN_FORCED", True)
         self._clock = StepClock(self.device)
         self._stats = StepStats()
         online = os.environ.get("SGLANG_DSPARK_ONLINE", "1") != "0"
@@ -289,13 +297,9 @@ def _full_budget_static_default(device) -> bool:
     a GPU measurement says so)."""
     import torch
 
-    v = os.environ.get("SGLANG_DSPARK_FULL_BUDGET_STATIC", "auto").strip().lower()
-    if v in ("1", "true", "on"):
-        return True
-    if v in ("0", "false", "off"):
-        return False
-    if v != "auto":
-        raise ValueError(f"SGLANG_DSPARK_FULL_BUDGET_STATIC must be 1, 0 or auto, got {v!r}")
+    v = _env_switch("SGLANG_DSPARK_FULL_BUDGET_STATIC", None, auto=True)
+    if v is not None:
+        return v
     return torch.device(device).type == "cpu"   # docs/worker.md: the A/B behind this default
 
 

@@ -131,6 +131,14 @@ class ProfileSettings:
 
 
 # ------------------------------------------------------------------ HTTP
+def internal_state_updated(reply: Any) -> bool:
+    """Whether SGLang applied a ``/set_internal_state`` request: its reply is one
+    ``{"updated": bool}`` (or a bare bool) per DP rank, alone or in a list; every rank must
+    say yes, and an empty reply is no."""
+    outs = reply if isinstance(reply, list) else [reply]
+    return bool(outs) and all(bool(o.get("updated")) if isinstance(o, dict) else bool(o) for o in outs)
+
+
 class HttpServer:
     """The few SGLang HTTP endpoints the profiler uses (stdlib only)."""
 
@@ -175,8 +183,7 @@ class HttpServer:
 
     def set_internal(self, args: dict) -> None:
         out = self._call("/set_internal_state", {"server_args": args})
-        outs = out if isinstance(out, list) else [out]
-        if not outs or not all(bool(o.get("updated")) if isinstance(o, dict) else bool(o) for o in outs):
+        if not internal_state_updated(out):
             raise ProfilingError(f"the server refused /set_internal_state {args}: {out}")
 
     def generate(self, text: str, max_new_tokens: int, *, timeout: float, rid: Optional[str] = None) -> dict:

@@ -78,10 +78,7 @@ def _plugin(srv):
 
 def _pin(srv, frac):
     args = {"dspark_unpin_budget": 1} if frac is None else {"dspark_force_budget_frac": frac}
-    r = http_json(srv.url + "/set_internal_state", {"server_args": args})
-    # one answer per DP rank: {"updated": bool} or a bare bool
-    assert all(bool(x.get("updated")) if isinstance(x, dict) else x is True
-               for x in (r if isinstance(r, list) else [r])), r
+    assert srv.set_internal_state(args), args
 
 
 def _check_pinned_steps_not_learned(srv):
