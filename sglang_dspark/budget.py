@@ -296,7 +296,8 @@ class BudgetBrain:
 class OnlineBudgetPlanner(HostConfidenceBudgetPlanner):
     """SGLang's lagged budget planner with K from :class:`BudgetBrain`."""
 
-    def __init__(self, *, base: HostConfidenceBudgetPlanner, brain: BudgetBrain) -> None:
+    def __init__(self, *, base: HostConfidenceBudgetPlanner, brain: BudgetBrain,
+                 rotation=None) -> None:
         relay = max(int(base.lag_steps) - int(base.carry_steps), 0)
         super().__init__(sps_table=base.sps_table, cfg=base.cfg,
                          model_runner=base._model_runner, relay_lag_steps=relay)
@@ -312,6 +313,9 @@ class OnlineBudgetPlanner(HostConfidenceBudgetPlanner):
         self.recent_plan_s: deque = deque(maxlen=512)     # per-call, for the median
         self.calibrator: Optional[SurvivalCalibrator] = SurvivalCalibrator() if brain.enabled else None
         self.last_survival: Optional[np.ndarray] = None   # raw lagged survival of the last decision
+        # SGLANG_DSPARK_AB_ARMS: the arm of each step (sglang_dspark.ab); None: no A/B
+        self.rotation = rotation
+        self.last_arm: Optional[str] = None
 
     def _calibrated(self, survival: torch.Tensor, max_len: int):
         if self.calibrator is None or survival.numel() == 0:
@@ -347,10 +351,17 @@ class OnlineBudgetPlanner(HostConfidenceBudgetPlanner):
         max_len = self.cfg.resolved_max_verify_len()
         t1 = clock()
         phases["lag_survival"] += t1 - t0
-        if self.forced_budget_frac is not None:
+        arm = None if self.rotation is None or self.forced_budget_frac is not None else self.rotation.next()
+        self.last_arm = None if arm is None else arm.name
+        if self.forced_budget_frac is not None or (arm is not None and arm.kind == "fixed"):
+            frac = self.forced_budget_frac if arm is None else arm.frac
             full = int(survival[:, :max_len].numel())
-            decision = VerifyBudgetDecision(budget=max(0, int(float(self.forced_budget_frac) * full)))
-            self.brain._note("forced", decision)
+            decision = VerifyBudgetDecision(budget=max(0, int(float(frac) * full)))
+            self.brain._note("forced" if arm is None else f"ab:{arm.name}", decision)
+        elif arm is not None and arm.kind == "upstream":   # SGLang's own planner, as without us
+            decision = compute_verify_token_budget(
+                history_survival_probs=survival, sps_table=self.sps_table, cfg=self.cfg)
+            self.brain._note("ab:upstream", decision)
         else:
             try:
                 calibrated = self._calibrated(survival, max_len)

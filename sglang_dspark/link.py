@@ -43,12 +43,16 @@ def _pow2_at_least(n: int) -> int:
 def local_model_for(*, max_requests: int, max_batch_tokens: int,
                     table_path: Optional[str] = None) -> SpsModel:
     """The worker's own online model, seeded by ``SGLANG_DSPARK_PROFILE`` (a profile
-    file) or else SGLang's ``--speculative-dspark-sps-table-path`` table, if given."""
+    file) or else SGLang's ``--speculative-dspark-sps-table-path`` table, if given;
+    ``SGLANG_DSPARK_PROFILE=none`` seeds nothing even when SGLang has a table (an A/B of
+    ours without a table against SGLang's planner with one, :mod:`sglang_dspark.ab`)."""
     cfg = SpsModelConfig(max_batch_tokens=max(2 * max_batch_tokens, 64),
                          max_requests=max(max_requests, 1))
     prior = None
     profile = os.environ.get("SGLANG_DSPARK_PROFILE")
-    if profile:
+    if profile and profile.strip().lower() == "none":
+        pass
+    elif profile:
         from dspark_controller.profile_file import load_profile
 
         prior = PriorCurve.from_model(load_profile(profile).model.to_model())

@@ -36,6 +36,8 @@ class StepRecord:
     uniform: bool = False
     # the operator pinned the budget (dspark_force_budget_frac) for this step
     forced: bool = False
+    # the A/B arm this step ran (SGLANG_DSPARK_AB_ARMS; None: no A/B or no budget decision)
+    arm: Optional[str] = None
 
 
 class StepClock:

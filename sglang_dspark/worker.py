@@ -104,8 +104,25 @@ class DSparkControlledWorker(DSparkWorkerV2):
             fleet_model=self._link.fleet_model if self._link else None)
         planner = self._verify_planner
         self._online_planner = None
+        self._ab_ledger = None   # SGLANG_DSPARK_AB_ARMS (sglang_dspark.ab): per-arm totals
+        self._ab_unlearned = 0
+        from sglang_dspark.ab import AbConfig, ArmLedger, ArmRotation
+
+        ab = AbConfig.from_env()
+        if ab is not None and (planner._budget_planner is None or not online):
+            raise ValueError("SGLANG_DSPARK_AB_ARMS needs SGLang's budget planner and online planning: "
+                             "set SGLANG_RAGGED_VERIFY_MODE=compact (or cap-accept), leave "
+                             "SGLANG_DSPARK_ONLINE unset, and run with tp_size 1")
         if planner._budget_planner is not None:
-            self._online_planner = OnlineBudgetPlanner(base=planner._budget_planner, brain=self._brain)
+            rotation = None
+            if ab is not None:
+                rotation = ArmRotation(ab.arms, seed=ab.seed)
+                self._ab_ledger = ArmLedger(ab.arms)
+                logger.warning("sglang-dspark: A/B of verify budgets on (%s): every arm runs in turn, "
+                               "which costs throughput; a benchmark/canary setting",
+                               ",".join(a.name for a in ab.arms))
+            self._online_planner = OnlineBudgetPlanner(base=planner._budget_planner, brain=self._brain,
+                                                       rotation=rotation)
             planner._budget_planner = self._online_planner
             if online:
                 planner._is_verify_all = False
@@ -176,6 +193,7 @@ class DSparkControlledWorker(DSparkWorkerV2):
             rec.accepted_lens = self._host(getattr(result, "accept_lens", None))
             rec.uniform = bool(uniform)
             rec.forced = budget is not None and self._brain.last_source == "forced"
+            rec.arm = self._online_planner.last_arm if budget is not None else None
             # on the uniform path every draft is verified (cap lens are not per-request there)
             if self._compact and not uniform:
                 rec.verify_lens = self._host(getattr(result, "cap_lens", None))
@@ -204,7 +222,16 @@ class DSparkControlledWorker(DSparkWorkerV2):
             self._online_planner.calibrator.observe(rec.survival, rec.accepted_lens, rec.verify_lens)
         rec.survival = None
         self._stats.add(rec, rec.predicted_step_s)
-        if rec.forced and not self._learn_forced:
+        if self._ab_ledger is not None and rec.arm is not None and rec.accepted_lens is not None:
+            self._ab_ledger.observe(rec.arm, num_requests=rec.num_requests, step_s=rec.step_time_s,
+                                    accepted_drafts=rec.accepted_lens,
+                                    verified_drafts=(sum(rec.verify_lens) if rec.verify_lens is not None
+                                                     else rec.num_requests * (int(self.verify_num_draft_tokens) - 1)),
+                                    uniform=rec.uniform)
+        if rec.arm is not None and rec.arm != "policy":
+            # an A/B arm other than the server's policy: measured, never learned (sglang_dspark.ab)
+            self._ab_unlearned += 1
+        elif rec.forced and not self._learn_forced:
             # SGLANG_DSPARK_LEARN_FORCED=0: a pinned budget is an experiment on a live server
             # (the benchmark's fixed budgets); it teaches neither the local profile nor the
             # controller, so the policy that runs after it is the one that ran before it
@@ -237,6 +264,9 @@ class DSparkControlledWorker(DSparkWorkerV2):
                 "budget_sources": dict(self._brain.sources),
                 "boundary_checks": self._brain.boundary_checks,
                 "forced_steps_not_learned": self._forced_unlearned,
+                "ab": None if self._ab_ledger is None else {
+                    "arms": list(self._ab_ledger.totals), "totals": self._ab_ledger.snapshot(),
+                    "steps_not_learned": self._ab_unlearned},
                 "last_budget_source": self._brain.last_source,
                 "telemetry": self._stats.summary(),
                 "local_profile": None if model is None else {
