@@ -46,7 +46,8 @@ from sglang.srt.speculative.dspark_components.dspark_planner import (
 
 from dspark_controller.planner import (_operator_pinned, budget_from_controller, clean_survival, clip01,
                                        compute_lagged_budget, controller_allows_uniform, explore_budget, explore_now,
-                                       local_theta, prefer_uniform, lagged_budget_fast, uniform_throughput)
+                                       local_theta, prefer_uniform, lagged_budget_fast, probe_budget,
+                                       uniform_throughput)
 from dspark_controller.planner import survival_to_confidences as _survival_to_confidences
 
 logger = logging.getLogger(__name__)
@@ -233,8 +234,11 @@ class BudgetBrain:
         if not model.ready:
             return None
         sps = model.sps_function(num_req)
-        return self._note("local", self._uniform_if_better(self._argmax(survival, max_len, sps),
-                                                           survival, max_len, num_req, full))
+        d = self._uniform_if_better(self._argmax(survival, max_len, sps), survival, max_len, num_req, full)
+        k2 = probe_budget(int(d.budget), full=full, rng=self._rng)
+        if k2 is not None:      # a neighbouring budget, so the row's slope is its own (planner.probe_budget)
+            return self._note("probe", VerifyBudgetDecision(budget=k2))
+        return self._note("local", d)
 
     def _uniform_if_better(self, d: VerifyBudgetDecision, survival, max_len: int, num_req: int,
                            full: int, theta: Optional[float] = None) -> VerifyBudgetDecision:

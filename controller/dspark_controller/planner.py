@@ -46,7 +46,7 @@ __all__ = [
     "PlanError", "PlanPolicy", "Plan", "LaggedBudget", "survival_products", "sps_from_pairs",
     "plan_exact", "plan_lagged", "compute_lagged_budget", "plan", "plan_fixed_fraction",
     "plan_verify_all", "expected_throughput", "survival_to_confidences", "exploration_probability",
-    "explore_now", "row_thinness", "local_theta", "UniformTimes",
+    "explore_now", "row_thinness", "local_theta", "UniformTimes", "probe_budget",
     "budget_from_controller",
 ]
 
@@ -702,6 +702,37 @@ def explore_budget(model: Any, *, num_req: int, full: int, rng: Any) -> int:
     w = np.asarray(weights(int(num_req), int(num_req) + np.arange(full)), dtype=np.float64)
     ties = np.flatnonzero(w <= w.min() + 1e-9)
     return int(ties[min(int(u * 2.0 * len(ties)), len(ties) - 1)])
+
+
+PROBE_PROB = 0.05      # share of the local policy's steps that probe a neighbouring budget
+PROBE_STEP = 0.25      # ... a quarter of all draft tokens above or below the chosen one
+
+
+def probe_budget(k: int, *, full: int, rng: Any) -> Optional[int]:
+    """A neighbouring budget for this step instead of the policy's ``k``, or None (most steps).
+
+    The profile decides by the slope of step time in B around the budget it chose, and its
+    steps pile up at that budget: the neighbouring cells of the row are measured only by
+    the rare exploration steps, so the slope there is mostly the additive fit's, which
+    sets it from other rows (on the CPU bench pair about 1.5-2x the row's own slope, and the
+    policy verified half of what the best fixed budget did at 32 requests, in the
+    interleaved A/B of benchmarks/ab_bench.py).  So on ``PROBE_PROB`` of the steps the
+    policy runs ``k`` plus or minus ``PROBE_STEP`` of the draft tokens (half each way,
+    clipped to the ragged budgets ``[0, full - 1]``; from a full budget, down): the row's
+    own cells on both sides of the choice fill, the row correction follows them, and the
+    choice moves along.  Near the optimum such a step costs little (second order in the
+    step).  One ``rng.random()`` draw.  Worker and simulator share it."""
+    full = int(full)
+    if full < 2:
+        return None
+    u = float(rng.random())
+    if u >= PROBE_PROB:
+        return None
+    delta = max(1, int(round(PROBE_STEP * full)))
+    up = u < 0.5 * PROBE_PROB and int(k) < full
+    k2 = int(k) + delta if up else int(k) - delta
+    k2 = min(max(k2, 0), full - 1)
+    return None if k2 == int(k) else k2
 
 
 UNIFORM_EMA = 0.1      # weight of a new uniform-path step in its per-R average

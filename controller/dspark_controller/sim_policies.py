@@ -40,7 +40,7 @@ import numpy as np
 
 from .planner import (UniformTimes, _operator_pinned, budget_from_controller, compute_lagged_budget,
                       controller_allows_uniform, explore_budget, explore_now, learn_step_time, local_theta,
-                      plan_lagged, prefer_uniform, sps_from_pairs, survival_to_confidences, uniform_throughput)
+                      plan_lagged, prefer_uniform, probe_budget, sps_from_pairs, survival_to_confidences, uniform_throughput)
 
 __all__ = ["Backend", "PlannerBrain", "make_policy", "POLICY_NAMES", "BrainConfig", "SimController",
            "resolve_backend"]
@@ -113,7 +113,11 @@ class PlannerBrain:
         if not model.ready:
             return None
         planned = self._argmax(survival, max_len, model.sps_function(num_req))
-        return self._note("local", _Decision(self._uniform_or(planned, survival, max_len, num_req, full)))
+        k = self._uniform_or(planned, survival, max_len, num_req, full)
+        k2 = probe_budget(k, full=full, rng=self._rng)
+        if k2 is not None:
+            return self._note("probe", _Decision(k2))
+        return self._note("local", _Decision(k))
 
     def _uniform_or(self, planned: _Decision, survival: np.ndarray, max_len: int, num_req: int, full: int) -> int:
         """``planned``'s K, or every token when the measured uniform path gives more (as the worker)."""
