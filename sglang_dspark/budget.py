@@ -44,10 +44,10 @@ from sglang.srt.speculative.dspark_components.dspark_planner import (
     compute_verify_token_budget,
 )
 
-from dspark_controller.planner import (_operator_pinned, budget_from_controller, clean_survival, clip01,
-                                       compute_lagged_budget, controller_allows_uniform, explore_budget, explore_now,
-                                       local_theta, prefer_uniform, lagged_budget_fast, probe_budget,
-                                       uniform_throughput)
+from dspark_controller.planner import (AdmissionGain, _operator_pinned, admitted_theta, budget_from_controller,
+                                       clean_survival, clip01, compute_lagged_budget, controller_allows_uniform,
+                                       explore_budget, explore_now, lagged_budget_fast, local_theta, prefer_uniform,
+                                       probe_budget, uniform_throughput)
 from dspark_controller.planner import survival_to_confidences as _survival_to_confidences
 
 logger = logging.getLogger(__name__)
@@ -186,8 +186,13 @@ class BudgetBrain:
                  latest_decision: Optional[Callable[[float], object]] = None,
                  enabled: bool = True,
                  uniform_step_time: Optional[Callable[[int], Optional[float]]] = None,
-                 fleet_model: Optional[Callable[[], object]] = None) -> None:
+                 fleet_model: Optional[Callable[[], object]] = None,
+                 admission: Optional[AdmissionGain] = None) -> None:
         self.local_model = local_model
+        # realised / predicted accepted drafts of ragged and uniform steps (planner.AdmissionGain);
+        # None: the comparison takes the lagged survival at its word
+        self.admission = admission
+        self.last_pred_drafts: Optional[float] = None   # the local plan's expected accepted drafts
         # the controller's whole profile (None: plan a controller decision with its SGLang
         # tables); SGLang's additive table cannot hold the profile's per-row corrections
         self.fleet_model = fleet_model
@@ -211,6 +216,7 @@ class BudgetBrain:
 
     def decide(self, survival, *, max_len: int) -> Optional[VerifyBudgetDecision]:
         """``survival``: [R, positions] lagged prefix survival (torch tensor or numpy array)."""
+        self.last_pred_drafts = None
         if not self.enabled or survival.shape[0] == 0 or survival.shape[1] == 0:
             return None
         num_req = int(survival.shape[0])
@@ -234,22 +240,36 @@ class BudgetBrain:
         if not model.ready:
             return None
         sps = model.sps_function(num_req)
-        d = self._uniform_if_better(self._argmax(survival, max_len, sps), survival, max_len, num_req, full)
+        planned = self._argmax(survival, max_len, sps)
+        d = self._uniform_if_better(planned, survival, max_len, num_req, full, admitted=True)
         k2 = probe_budget(int(d.budget), full=full, rng=self._rng)
         if k2 is not None:      # a neighbouring budget, so the row's slope is its own (planner.probe_budget)
             return self._note("probe", VerifyBudgetDecision(budget=k2))
+        # what this step is expected to accept, before any admission correction (what
+        # AdmissionGain compares with the realised drafts)
+        if d.budget >= full:
+            self.last_pred_drafts = float(clip01(_host_array(survival[:, :max_len])).sum())
+        elif planned.predicted_theta is not None and planned.predicted_step_seconds:
+            self.last_pred_drafts = max(planned.predicted_theta * planned.predicted_step_seconds - num_req, 0.0)
         return self._note("local", d)
 
     def _uniform_if_better(self, d: VerifyBudgetDecision, survival, max_len: int, num_req: int,
-                           full: int, theta: Optional[float] = None) -> VerifyBudgetDecision:
+                           full: int, theta: Optional[float] = None,
+                           admitted: bool = False) -> VerifyBudgetDecision:
         """Verify everything (the uniform path) when its measured step time gives more expected
         tokens per second than the best ragged budget the profile found (``d``, priced at
-        ``theta`` when given, else at its own prediction); ``d`` itself otherwise."""
+        ``theta`` when given, else at its own prediction); ``d`` itself otherwise.
+        ``admitted``: each side's expected drafts are scaled by what such steps realised
+        (``self.admission``, local plans only: their step time is the local profile's)."""
         theta = d.predicted_theta if theta is None else theta
         if self.uniform_step_time is None or d.budget >= full or theta is None:
             return d
         t_u = self.uniform_step_time(num_req)
         theta_u = uniform_throughput(_host_array(survival[:, :max_len]), num_req=num_req, uniform_step_s=t_u)
+        if admitted and self.admission is not None:
+            theta = admitted_theta(theta, d.predicted_step_seconds, num_req=num_req,
+                                   factor=self.admission.factor(uniform=False))
+            theta_u = admitted_theta(theta_u, t_u, num_req=num_req, factor=self.admission.factor(uniform=True))
         uniform, checked = prefer_uniform(theta_u, theta, model=self.local_model,
                                           num_req=num_req, budget=d.budget, rng=self._rng)
         self.boundary_checks += int(checked)

@@ -38,6 +38,8 @@ class StepRecord:
     forced: bool = False
     # the A/B arm this step ran (SGLANG_DSPARK_AB_ARMS; None: no A/B or no budget decision)
     arm: Optional[str] = None
+    # the local plan's expected accepted drafts (planner.AdmissionGain; None: not a local plan)
+    pred_drafts: Optional[float] = None
 
 
 class StepClock:

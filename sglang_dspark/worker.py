@@ -26,7 +26,7 @@ import time
 from typing import Optional
 
 import numpy as np
-from dspark_controller.planner import UniformTimes, learn_step_time
+from dspark_controller.planner import AdmissionGain, UniformTimes, learn_step_time
 from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
 
 import sglang_dspark
@@ -101,7 +101,8 @@ class DSparkControlledWorker(DSparkWorkerV2):
             config=BudgetConfig.from_env(),
             latest_decision=self._link.latest_decision if self._link else None,
             enabled=online, uniform_step_time=self._uniform_s.get,
-            fleet_model=self._link.fleet_model if self._link else None)
+            fleet_model=self._link.fleet_model if self._link else None,
+            admission=AdmissionGain())
         planner = self._verify_planner
         self._online_planner = None
         self._ab_ledger = None   # SGLANG_DSPARK_AB_ARMS (sglang_dspark.ab): per-arm totals
@@ -194,6 +195,8 @@ class DSparkControlledWorker(DSparkWorkerV2):
             rec.uniform = bool(uniform)
             rec.forced = budget is not None and self._brain.last_source == "forced"
             rec.arm = self._online_planner.last_arm if budget is not None else None
+            rec.pred_drafts = (self._brain.last_pred_drafts
+                               if budget is not None and self._brain.last_source == "local" else None)
             # on the uniform path every draft is verified (cap lens are not per-request there)
             if self._compact and not uniform:
                 rec.verify_lens = self._host(getattr(result, "cap_lens", None))
@@ -228,6 +231,9 @@ class DSparkControlledWorker(DSparkWorkerV2):
                                     verified_drafts=(sum(rec.verify_lens) if rec.verify_lens is not None
                                                      else rec.num_requests * (int(self.verify_num_draft_tokens) - 1)),
                                     uniform=rec.uniform)
+        if (rec.pred_drafts is not None and rec.accepted_lens is not None and self._brain.admission is not None
+                and rec.arm in (None, "policy")):
+            self._brain.admission.observe(rec.pred_drafts, float(sum(rec.accepted_lens)), uniform=rec.uniform)
         if rec.arm is not None and rec.arm != "policy":
             # an A/B arm other than the server's policy: measured, never learned (sglang_dspark.ab)
             self._ab_unlearned += 1
@@ -263,6 +269,7 @@ class DSparkControlledWorker(DSparkWorkerV2):
             state.update({
                 "budget_sources": dict(self._brain.sources),
                 "boundary_checks": self._brain.boundary_checks,
+                "admission": None if self._brain.admission is None else self._brain.admission.summary(),
                 "forced_steps_not_learned": self._forced_unlearned,
                 "ab": None if self._ab_ledger is None else {
                     "arms": list(self._ab_ledger.totals), "totals": self._ab_ledger.snapshot(),

@@ -47,6 +47,7 @@ __all__ = [
     "plan_exact", "plan_lagged", "compute_lagged_budget", "plan", "plan_fixed_fraction",
     "plan_verify_all", "expected_throughput", "survival_to_confidences", "exploration_probability",
     "explore_now", "row_thinness", "local_theta", "UniformTimes", "probe_budget",
+    "AdmissionGain", "admitted_theta",
     "budget_from_controller",
 ]
 
@@ -733,6 +734,58 @@ def probe_budget(k: int, *, full: int, rng: Any) -> Optional[int]:
     k2 = int(k) + delta if up else int(k) - delta
     k2 = min(max(k2, 0), full - 1)
     return None if k2 == int(k) else k2
+
+
+ADMISSION_HALF_LIFE = 300.0    # steps: how fast AdmissionGain forgets
+ADMISSION_MIN_STEPS = 30       # ... and how many steps of a kind it needs before it corrects
+
+
+class AdmissionGain:
+    """Realised over predicted accepted drafts, apart for ragged and uniform-path steps.
+
+    The planner prices a budget K with the top-K of the *lagged* survival (all it may use
+    before the drafts are sampled), but SGLang admits the top-K of the *live* survival,
+    which keeps more of the accepted tokens than the lagged ranking predicts; a uniform
+    step verifies everything, so ranking does not matter there.  The comparison of a ragged
+    plan with the uniform path (:func:`prefer_uniform`) then leans towards the uniform
+    path.  This keeps, per kind of step, forgotten sums of the predicted and the realised
+    accepted drafts of the steps the local policy planned, and :func:`admitted_theta`
+    scales each side's expected drafts by its own ratio.  Lossless: it learns only from
+    steps already verified."""
+
+    def __init__(self, *, half_life: float = ADMISSION_HALF_LIFE, min_steps: int = ADMISSION_MIN_STEPS) -> None:
+        self.decay = 0.5 ** (1.0 / float(half_life))
+        self.min_steps = int(min_steps)
+        self._sums = {False: [0.0, 0.0, 0], True: [0.0, 0.0, 0]}   # predicted, realised, steps
+
+    def observe(self, predicted: float, realised: float, *, uniform: bool) -> None:
+        if not (predicted > 0 and math.isfinite(predicted)) or not realised >= 0:
+            return
+        s = self._sums[bool(uniform)]
+        s[0] = s[0] * self.decay + float(predicted)
+        s[1] = s[1] * self.decay + float(realised)
+        s[2] += 1
+
+    def factor(self, *, uniform: bool) -> float:
+        """Realised / predicted (clipped to [0.5, 2]); 1 until ``min_steps`` of that kind."""
+        p, r, n = self._sums[bool(uniform)]
+        if n < self.min_steps or p <= 0:
+            return 1.0
+        return float(min(max(r / p, 0.5), 2.0))
+
+    def summary(self) -> dict:
+        return {("uniform" if u else "ragged"): {"steps": s[2], "factor": round(self.factor(uniform=u), 4)}
+                for u, s in self._sums.items()}
+
+
+def admitted_theta(theta: Optional[float], step_s: Optional[float], *, num_req: int,
+                   factor: float) -> Optional[float]:
+    """Expected tokens/s ``theta`` of a step taking ``step_s`` with its expected accepted
+    drafts (tokens minus the ``num_req`` bonus tokens) scaled by ``factor``."""
+    if theta is None or not step_s or step_s <= 0 or factor == 1.0:
+        return theta
+    drafts = max(float(theta) * float(step_s) - int(num_req), 0.0)
+    return (int(num_req) + factor * drafts) / float(step_s)
 
 
 UNIFORM_EMA = 0.1      # weight of a new uniform-path step in its per-R average

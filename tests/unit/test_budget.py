@@ -529,3 +529,50 @@ def test_probe_budget_steps_to_a_neighbour_on_a_small_share_of_steps():
     d = _Draws(0.5)
     probe_budget(40, full=128, rng=d)
     assert d.calls == 1
+
+
+def test_admission_gain_learns_each_kind_and_tips_the_uniform_comparison():
+    """planner.AdmissionGain: realised / predicted accepted drafts, per kind of step, 1 until
+    enough steps; the brain scales each side of its uniform comparison by its own factor
+    and records the plan's uncorrected expected drafts for the worker to compare."""
+    from dspark_controller.planner import ADMISSION_MIN_STEPS, AdmissionGain, admitted_theta
+    from dspark_controller.sps_model import SpsModel
+
+    g = AdmissionGain()
+    for _ in range(ADMISSION_MIN_STEPS - 1):
+        g.observe(10.0, 13.0, uniform=False)
+        g.observe(10.0, 10.0, uniform=True)
+    assert g.factor(uniform=False) == 1.0                       # not enough steps yet
+    g.observe(10.0, 13.0, uniform=False)
+    g.observe(float("nan"), 5.0, uniform=False)                 # ignored
+    assert abs(g.factor(uniform=False) - 1.3) < 1e-9
+    assert g.summary()["ragged"]["steps"] == ADMISSION_MIN_STEPS and g.factor(uniform=True) == 1.0
+    for _ in range(5000):                                        # it forgets: the ratio follows
+        g.observe(10.0, 100.0, uniform=True)
+    assert g.factor(uniform=True) == 2.0                         # clipped
+    # 20 tokens/s over 0.5 s: 10 tokens, 4 of them bonus tokens -> 6 drafts; x1.5 -> 13 tokens
+    assert abs(admitted_theta(20.0, 0.5, num_req=4, factor=1.5) - 26.0) < 1e-9
+    assert admitted_theta(None, 0.5, num_req=4, factor=1.5) is None
+
+    model = SpsModel()
+    for _ in range(20):
+        for b in range(1, 6):
+            model.update(1, b, 0.02 + 0.01 * (b - 1))
+    surv = _rows([[0.9, 0.8, 0.7, 0.6]])
+    cfg = BudgetConfig(explore_prob_young=0.0, explore_prob=0.0)
+    ragged = BudgetBrain(local_model=model, config=cfg).decide(surv, max_len=4)
+    # uniform a little ahead on the lagged survival's word ...
+    t_u = ((1 + 0.9 + 0.72 + 0.504 + 0.3024) / ragged.predicted_theta) * 0.97
+    uniform = {1: t_u}
+    plain = BudgetBrain(local_model=model, config=cfg, uniform_step_time=uniform.get)
+    assert plain.decide(surv, max_len=4).budget == 4
+    assert abs(plain.last_pred_drafts - (0.9 + 0.72 + 0.504 + 0.3024)) < 1e-6
+    # ... but ragged steps have been accepting 30% more than it said: ragged wins
+    gain = AdmissionGain()
+    for _ in range(ADMISSION_MIN_STEPS):
+        gain.observe(1.0, 1.3, uniform=False)
+        gain.observe(1.0, 1.0, uniform=True)
+    tipped = BudgetBrain(local_model=model, config=cfg, uniform_step_time=uniform.get, admission=gain)
+    d = tipped.decide(surv, max_len=4)
+    assert d.budget == ragged.budget < 4
+    assert abs(tipped.last_pred_drafts - (ragged.predicted_theta * ragged.predicted_step_seconds - 1)) < 1e-6
