@@ -39,12 +39,9 @@ gap is in worker_bench.py's results.  Absolute numbers are CPU numbers.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -53,9 +50,9 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from sglang_dspark.ab import parse_arms  # noqa: E402
-from sglang_dspark.server_process import SGLangServer, free_port  # noqa: E402
-from sglang_dspark.tiny_models import ensure_pair  # noqa: E402
-from worker_bench import BENCH_SPEC, plugin_state, run_level  # noqa: E402
+from sglang_dspark.server_process import SGLangServer  # noqa: E402
+from worker_bench import (plugin_state, prepare, run_level, start_controller, stop_process,  # noqa: E402
+                          write_outputs)
 
 DEFAULT_ARMS = "policy,upstream,fixed@1,fixed@0.75,fixed@0.5,fixed@0.25"
 FIELDS = ("steps", "step_s", "tokens", "requests", "verified_drafts", "uniform_steps")
@@ -250,15 +247,8 @@ def main(argv=None) -> int:
         raise SystemExit("--arms must include policy (ours)")
     if args.blocks < 2 or args.waves < 1 or min(levels) < 1:
         raise SystemExit("--blocks must be >= 2, --waves >= 1, levels >= 1")
-    m = Path(args.models)
-    ensure_pair(m, BENCH_SPEC)
-    work = Path(tempfile.mkdtemp(prefix="dspark-ab-"))
-    table = Path(args.table)
-    if "upstream" in arms and not table.is_file():
-        from upstream_table import make_table
-
-        print(f"[ab] {table} missing: running SGLang's dspark_sps_profiler (several minutes)", flush=True)
-        make_table(models=m, out=table, max_batch=max(levels), log_dir=work)
+    m, work, table = prepare(args.models, args.table, need_table="upstream" in arms, max_batch=max(levels),
+                             prefix="dspark-ab-")
     spec = ",".join(arms)
     meta = {"command": "python benchmarks/ab_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "date": time.strftime("%Y-%m-%d %H:%M"), "host": platform.node(), "cpus": os.cpu_count(),
@@ -268,14 +258,7 @@ def main(argv=None) -> int:
     report = {"meta": meta, "servers": {}}
     runs = [("online", None)] + ([("controller", "ctrl")] if args.controller else [])
     for label, ctrl_kind in runs:
-        ctrl = None
-        addr = None
-        if ctrl_kind:
-            addr = f"tcp://127.0.0.1:{free_port()}"
-            ctrl = subprocess.Popen([sys.executable, "-m", "dspark_controller", "serve", "--bind", addr,
-                                     "--no-persist", "--cli-bind", f"ipc://{work}/cli", "--pub-bind",
-                                     f"ipc://{work}/pub"], stdout=subprocess.DEVNULL,
-                                    stderr=open(work / "controller.log", "w"))
+        ctrl, addr = start_controller(work) if ctrl_kind else (None, None)
         print(f"[ab] starting the {label} server", flush=True)
         srv = start_server(m, table, spec, work, levels, addr, label)
         try:
@@ -283,19 +266,11 @@ def main(argv=None) -> int:
         finally:
             srv.stop()
             if ctrl is not None:
-                ctrl.terminate()
-                try:
-                    ctrl.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    ctrl.kill()
+                stop_process(ctrl)
     meta["load_avg_end"] = os.getloadavg()[0]
     meta["wall_min"] = round((time.monotonic() - t0) / 60, 1)
     print_report(report)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
-    if args.png:
-        plot(report, Path(args.png))
+    write_outputs(report, args.json, args.png, plot)
     return 0
 
 

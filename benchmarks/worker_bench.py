@@ -258,6 +258,48 @@ class Suspended:
         self._signal(signal.SIGSTOP)
 
 
+def start_controller(work: Path) -> tuple[subprocess.Popen, str]:
+    """Our controller process (no persistence, sockets under ``work``) and its address."""
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    proc = subprocess.Popen([sys.executable, "-m", "dspark_controller", "serve", "--bind", addr,
+                             "--no-persist", "--cli-bind", f"ipc://{work}/cli", "--pub-bind",
+                             f"ipc://{work}/pub"], stdout=subprocess.DEVNULL,
+                            stderr=open(work / "controller.log", "w"))
+    return proc, addr
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def prepare(models: str, table: str, *, need_table: bool, max_batch: int, prefix: str) -> tuple[Path, Path, Path]:
+    """(model pair folder, scratch folder, SGLang table): builds the bench pair if missing
+    and, when ``need_table``, runs SGLang's profiler for the table if it is missing."""
+    m = Path(models)
+    ensure_pair(m, BENCH_SPEC)
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    table_path = Path(table)
+    if need_table and not table_path.is_file():
+        from upstream_table import make_table
+
+        print(f"[bench] {table_path} missing: running SGLang's dspark_sps_profiler (several minutes)", flush=True)
+        make_table(models=m, out=table_path, max_batch=max_batch, log_dir=work)
+    return m, work, table_path
+
+
+def write_outputs(report: dict, json_path: str, png_path: str, plot_fn) -> None:
+    """The report as JSON at ``json_path`` and ``plot_fn``'s PNG at ``png_path`` (each if given)."""
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(report, indent=2, default=str) + "\n")
+    if png_path:
+        plot_fn(report, Path(png_path))
+
+
 def server_for(name: str, m: Path, table: Path, work: Path, maxrun: list[str]):
     """(server, controller process or None) for one configuration, not started."""
     # one sequential-head implementation for every DSPARK config (SGLang's), so the
@@ -279,11 +321,7 @@ def server_for(name: str, m: Path, table: Path, work: Path, maxrun: list[str]):
         env.update(SGLANG_RAGGED_VERIFY_MODE="compact",
                    SGLANG_DSPARK_FULL_BUDGET_STATIC="1" if name == "online_static" else "0")
     elif name == "controller":
-        addr = f"tcp://127.0.0.1:{free_port()}"
-        ctrl = subprocess.Popen([sys.executable, "-m", "dspark_controller", "serve", "--bind", addr,
-                                 "--no-persist", "--cli-bind", f"ipc://{work}/cli", "--pub-bind",
-                                 f"ipc://{work}/pub"], stdout=subprocess.DEVNULL,
-                                stderr=open(work / "controller.log", "w"))
+        ctrl, addr = start_controller(work)
         env.update(SGLANG_RAGGED_VERIFY_MODE="compact", SGLANG_DSPARK_CONTROLLER=addr)
     if name in COMPACT:   # pinned chunks (fixed sweep, references) teach no profile
         env["SGLANG_DSPARK_LEARN_FORCED"] = "0"
@@ -328,15 +366,8 @@ def main(argv=None) -> int:
     servers_to_start = [c for c in configs if c != "fixed"]
     if args.rounds < 1 or args.warm_waves < 0 or args.tokens_per_chunk < 1:
         raise SystemExit("--rounds and --tokens-per-chunk must be >= 1, --warm-waves >= 0")
-    m = Path(args.models)
-    ensure_pair(m, BENCH_SPEC)
-    work = Path(tempfile.mkdtemp(prefix="dspark-bench-"))
-    table = Path(args.table)
-    if "upstream" in configs and not table.is_file():
-        from upstream_table import make_table
-
-        print(f"[bench] {table} missing: running SGLang's dspark_sps_profiler (several minutes)", flush=True)
-        make_table(models=m, out=table, max_batch=max(levels), log_dir=work)
+    m, work, table = prepare(args.models, args.table, need_table="upstream" in configs, max_batch=max(levels),
+                             prefix="dspark-bench-")
     maxrun = ["--max-running-requests", str(max(levels))]
     meta = {"command": "python benchmarks/worker_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "date": time.strftime("%Y-%m-%d %H:%M"), "host": platform.node(), "cpus": os.cpu_count(),
@@ -392,22 +423,14 @@ def main(argv=None) -> int:
             sus._signal(signal.SIGCONT)
             sus.srv.stop()
         for ctrl in ctrls:
-            ctrl.terminate()
-            try:
-                ctrl.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                ctrl.kill()
+            stop_process(ctrl)
     meta["load_avg_end"] = os.getloadavg()[0]
     meta["wall_min"] = round((time.monotonic() - t_start) / 60, 1)
     results = {name: {lv: merge(runs) for lv, runs in per.items()} for name, per in raw.items()}
     summary = summarize(results, plugin, levels)
     report = {"meta": meta, "results": results, "plugin": plugin, "summary": summary}
     print_report(report)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
-    if args.png:
-        plot(report, Path(args.png))
+    write_outputs(report, args.json, args.png, plot)
     return 0
 
 
