@@ -16,9 +16,12 @@ adds each step's measured time and output tokens to its arm's totals
 
 Why: on a shared or noisy machine, two servers (or two chunks of one) measured a minute
 apart differ by 10-20% for reasons that have nothing to do with the policy.  Neighbouring
-steps of one batch see the same machine, the same requests and the same contexts, so
-per-arm throughput ``sum(tokens) / sum(step seconds)`` compares policies within a few
-tenths of a percent after some thousand steps (``benchmarks/ab_bench.py``).
+steps of one batch see the same machine, the same requests and the same contexts, so the
+machine's drift cancels out of per-arm throughput ``sum(tokens) / sum(step seconds)``
+(``benchmarks/ab_bench.py``: step-time ratios repeat within 1% between runs).  Caveat:
+the arms share the requests, so a step starts where the previous step, another arm's,
+stopped; an arm that truncates hard leaves the next step an easy start and hands the
+other arms some of its acceptance (docs/benchmarks.md measures it).
 
 Honest accounting: only ``policy`` steps teach the local profile and the controller's
 telemetry (the other arms would hand the policy measurements it did not pay for), and
