@@ -49,13 +49,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from sglang_dspark.ab import parse_arms  # noqa: E402
+from sglang_dspark.ab import ArmLedger, parse_arms  # noqa: E402
 from sglang_dspark.server_process import SGLangServer  # noqa: E402
 from worker_bench import (plugin_state, prepare, run_level, start_controller, stop_process,  # noqa: E402
                           write_outputs)
 
 DEFAULT_ARMS = "policy,upstream,fixed@1,fixed@0.75,fixed@0.5,fixed@0.25"
-FIELDS = ("steps", "step_s", "tokens", "requests", "verified_drafts", "uniform_steps")
+FIELDS = ArmLedger.FIELDS      # the worker's per-arm counters (sglang_dspark.ab)
 TARGET_BEST_FIXED = 0.98      # issue 4: within 2% of the best fixed budget
 
 

@@ -383,9 +383,7 @@ class OnlineBudgetPlanner(HostConfidenceBudgetPlanner):
             decision = VerifyBudgetDecision(budget=max(0, int(float(frac) * full)))
             self.brain._note("forced" if arm is None else f"ab:{arm.name}", decision)
         elif arm is not None and arm.kind == "upstream":   # SGLang's own planner, as without us
-            decision = compute_verify_token_budget(
-                history_survival_probs=survival, sps_table=self.sps_table, cfg=self.cfg)
-            self.brain._note("ab:upstream", decision)
+            decision = self._table_decision(survival, "ab:upstream")
         else:
             try:
                 calibrated = self._calibrated(survival, max_len)
@@ -400,11 +398,16 @@ class OnlineBudgetPlanner(HostConfidenceBudgetPlanner):
                                      "using SGLang's table for this step", self.brain.errors)
                 decision = None
             if decision is None:
-                decision = compute_verify_token_budget(
-                    history_survival_probs=survival, sps_table=self.sps_table, cfg=self.cfg)
-                self.brain._note("table", decision)
+                decision = self._table_decision(survival, "table")
             phases["decide"] += clock() - t1
         self.last_decision = decision
         self.last_budget = int(decision.budget)
         self.last_decided_at = time.monotonic()
         return int(decision.budget)
+
+    def _table_decision(self, survival, source: str) -> VerifyBudgetDecision:
+        """SGLang's own K: its static table on its uncalibrated lagged survival (none = verify all)."""
+        decision = compute_verify_token_budget(history_survival_probs=survival, sps_table=self.sps_table,
+                                               cfg=self.cfg)
+        self.brain._note(source, decision)
+        return decision
