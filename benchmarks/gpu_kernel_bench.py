@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Benchmark DSpark's fused sequential-head kernel against the per-position pattern.
 
-Needs only torch + triton (+ this repo's ``kernels/`` on PYTHONPATH). Compares, per
-(batch, gamma, vocab) and for greedy and sampled drafts:
+Needs only torch + triton (it puts this repo's ``kernels/`` and root on ``sys.path``;
+SGLang is optional). Compares, per (batch, gamma, vocab) and for greedy and sampled
+drafts:
 
 * ``fused``     -- dspark_kernels.sequential_head, Triton, launch_mode=auto
                    (one persistent launch when the grid fits the SMs);
@@ -17,8 +18,17 @@ Each variant covers the whole block: tokens, step logits (sampling), confidence.
 On CUDA every variant is captured in a CUDA graph and timed by replay (what SGLang's
 draft graph does); a failed capture falls back to eager timing (marked ``*``).
 Before timing, every config's tokens are checked against the torch reference.
-``--check-only`` runs the CUDA-graph capture/replay check and the correctness sweep.
-``--smoke`` runs a tiny CPU configuration (TRITON_INTERPRET=1 is set automatically).
+
+Modes:
+
+* ``--check-only``: CUDA-graph capture/replay of the sequential head (Triton persistent
+  and stepwise, and the torch backend), the capture's non-blocking device copy
+  (:mod:`sglang_dspark.capture`), and the correctness sweep.
+* default: the timing table above.
+
+``--smoke`` runs a tiny configuration on CPU (TRITON_INTERPRET=1 is set automatically);
+the timings are then meaningless. The policy's host cost and the summary table of
+``benchmarks/run_gpu_bench.sh`` are in ``benchmarks/gpu_bench_host.py`` (no torch).
 """
 
 from __future__ import annotations
@@ -33,8 +43,11 @@ from pathlib import Path
 import torch
 
 _REPO = Path(__file__).resolve().parents[1]
-if str(_REPO / "kernels") not in sys.path:
-    sys.path.insert(0, str(_REPO / "kernels"))
+# kernels/ (dspark_kernels), the repo root (sglang_dspark: settings, capture) and
+# controller/ (dspark_controller): nothing here needs SGLang itself.
+for _path in (_REPO / "controller", _REPO, _REPO / "kernels"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 _HAS_CUDA = torch.cuda.is_available()
 if not _HAS_CUDA:
@@ -57,22 +70,25 @@ def _ints(text: str) -> list[int]:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="tiny CPU-sized run (interpreter on CPU)")
-    p.add_argument("--check-only", action="store_true", help="graph check + correctness, no timing")
-    p.add_argument("--skip-checks", action="store_true", help="skip the graph check (timing run)")
-    p.add_argument("--batches", type=_ints, default=[1, 16, 64, 256])
-    p.add_argument("--gammas", type=_ints, default=[4, 7, 15])
-    p.add_argument("--vocabs", type=_ints, default=[32000, 151936])
-    p.add_argument("--rank", type=int, default=256)
-    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--check-only", action="store_true", help="graph checks + correctness, no timing")
+    p.add_argument("--skip-checks", action="store_true", help="skip the graph checks (timing run)")
+    p.add_argument("--batches", type=_ints, default=None, help="default 1,16,64,256 (smoke: 1,3)")
+    p.add_argument("--gammas", type=_ints, default=None, help="default 4,7,15 (smoke: 3)")
+    p.add_argument("--vocabs", type=_ints, default=None, help="default 32000,151936 (smoke: 70)")
+    p.add_argument("--rank", type=int, default=None, help="default 256 (smoke: 16)")
+    p.add_argument("--hidden", type=int, default=None, help="default 4096 (smoke: 32)")
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16")
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--iters", type=int, default=None, help="default 20 (smoke: 1)")
     p.add_argument("--time-budget", type=float, default=400.0, help="seconds; later configs are skipped")
     p.add_argument("--no-upstream", action="store_true", help="do not try to import SGLang")
     p.add_argument("--json", type=str, default=None, help="write results here")
     args = p.parse_args(argv)
-    if args.smoke:
-        args.batches, args.gammas, args.vocabs = [1, 3], [3], [70]
-        args.rank, args.hidden, args.iters = 16, 32, 1
+    smoke = {"batches": [1, 3], "gammas": [3], "vocabs": [70], "rank": 16, "hidden": 32, "iters": 1}
+    full = {"batches": [1, 16, 64, 256], "gammas": [4, 7, 15], "vocabs": [32000, 151936], "rank": 256,
+            "hidden": 4096, "iters": 20}
+    for name, value in (smoke if args.smoke else full).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     return args
 
 
@@ -280,56 +296,125 @@ def check_tokens(case: Case, greedy: bool) -> dict:
     return result
 
 
+GRAPH_VARIANTS = (("triton", "auto"), ("triton", "stepwise"), ("torch", "auto"))
+
+
 def graph_check(device, dtype) -> dict:
-    """Capture the fused op (with the offset bump) in a CUDA graph and replay it."""
+    """Capture the sequential head (with the offset bump) in a CUDA graph and replay it:
+    the Triton kernel's auto launch (persistent on one H200 at batch 16) and stepwise
+    launch, and the torch backend; greedy and sampling; inputs changed between replays."""
     if not _HAS_CUDA:
         return {"skipped": "no CUDA"}
-    report = {}
-    for greedy in (True, False):
-        case = Case(batch=16, gamma=7, vocab=32000, rank=256, hidden=1024, dtype=dtype, device=device, seed=7)
-        kw = case.kwargs(greedy)
-        reserve_workspace(device=device, max_batch=4096)
-        static = {}
+    from dspark_kernels import triton_seq_head as tsh
 
-        def body():
-            out = sequential_head(backend="triton", **kw)
-            static["tokens"], static["conf"] = out.tokens, out.confidence
-            if not greedy:
-                case.offset.add_(1)
-
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            body()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            body()
-        ok = True
-        for trial in range(3):
-            case.base.copy_(torch.randn_like(case.base, dtype=torch.float32).mul_(3.0).to(dtype))
-            case.offset.fill_(100 + trial)
-            graph.replay()
-            torch.cuda.synchronize()
-            case.offset.fill_(100 + trial)
-            ref = sequential_head_reference(**{**kw, "logits_out": None if greedy else torch.empty_like(case.logits_out)})
-            same_rows = (static["tokens"] == ref.tokens).all(dim=1)
-            diff = (static["conf"] - ref.confidence)[same_rows].abs()
-            conf_err = diff.max().item() if diff.numel() else float("inf")
-            ok &= int((~same_rows).sum().item()) <= 1 and conf_err < 1e-3
-        if not greedy:
-            case.offset.fill_(5)
-            graph.replay()
-            first = static["tokens"].clone()
-            advanced = int(case.offset.item())
-            graph.replay()
-            second = static["tokens"].clone()
-            case.offset.fill_(5)
-            graph.replay()
-            again = static["tokens"].clone()
-            ok &= advanced == 6 and torch.equal(first, again) and not torch.equal(first, second)
-        report["greedy" if greedy else "sample"] = "PASS" if ok else "FAIL"
+    report = {"available_sms": tsh.device_available_sms(device),
+              "plan_b16": repr(tsh.plan_launch(batch=16, vocab=32000, rank=256, device=device))}
+    reserve_workspace(device=device, max_batch=4096)
+    for backend, launch_mode in GRAPH_VARIANTS:
+        for greedy in (True, False):
+            label = f"{backend}-{launch_mode}-{'greedy' if greedy else 'sample'}"
+            try:
+                ok = _graph_check_one(device, dtype, backend, launch_mode, greedy)
+                report[label] = "PASS" if ok else "FAIL"
+            except Exception as exc:  # noqa: BLE001
+                report[label] = f"FAIL ({type(exc).__name__}: {str(exc)[:160]})"
+            print(f"  graph {label}: {report[label]}", flush=True)
     return report
+
+
+def _graph_check_one(device, dtype, backend: str, launch_mode: str, greedy: bool) -> bool:
+    case = Case(batch=16, gamma=7, vocab=32000, rank=256, hidden=1024, dtype=dtype, device=device, seed=7)
+    kw = case.kwargs(greedy)
+    static = {}
+
+    def body():
+        out = sequential_head(backend=backend, launch_mode=launch_mode, **kw)
+        static["tokens"], static["conf"] = out.tokens, out.confidence
+        if not greedy:
+            case.offset.add_(1)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        body()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    ok = True
+    for trial in range(3):
+        case.base.copy_(torch.randn_like(case.base, dtype=torch.float32).mul_(3.0).to(dtype))
+        case.offset.fill_(100 + trial)
+        graph.replay()
+        torch.cuda.synchronize()
+        case.offset.fill_(100 + trial)
+        ref = sequential_head_reference(**{**kw, "logits_out": None if greedy else torch.empty_like(case.logits_out)})
+        same_rows = (static["tokens"] == ref.tokens).all(dim=1)
+        diff = (static["conf"] - ref.confidence)[same_rows].abs()
+        conf_err = diff.max().item() if diff.numel() else float("inf")
+        ok &= int((~same_rows).sum().item()) <= 1 and conf_err < 1e-3
+    if not greedy:
+        case.offset.fill_(5)
+        graph.replay()
+        first = static["tokens"].clone()
+        advanced = int(case.offset.item())
+        graph.replay()
+        second = static["tokens"].clone()
+        case.offset.fill_(5)
+        graph.replay()
+        again = static["tokens"].clone()
+        ok &= advanced == 6 and torch.equal(first, again) and not torch.equal(first, second)
+    torch.cuda.synchronize()
+    del graph
+    return bool(ok)
+
+
+def capture_check(device) -> dict:
+    """``SGLANG_DSPARK_CAPTURE``'s observer must not wait for the device: with the GPU
+    busy (a ~0.5 s sleep kernel queued first), ``StepCapture.observe`` returns while the
+    device is still busy, and the line written afterwards holds the step's values."""
+    if not _HAS_CUDA:
+        return {"skipped": "no CUDA"}
+    import tempfile
+    from types import SimpleNamespace
+
+    from sglang_dspark.capture import StepCapture
+
+    bs, gamma = 8, 4
+    g = torch.Generator(device="cpu").manual_seed(3)
+    raw_cpu = torch.randn(bs + 2, gamma, generator=g).to(torch.bfloat16)
+    correct_cpu = torch.randint(0, gamma + 1, (bs + 2,), generator=g)
+    kw = {
+        "bs": bs,
+        "confidence_raw": raw_cpu.to(device),
+        "confidence": torch.sigmoid(raw_cpu.float()).to(device),
+        "correct_len": correct_cpu.to(device),
+        "layout": SimpleNamespace(verify_lens=torch.full((bs + 2,), gamma + 1, device=device)),
+        "sampling_info": SimpleNamespace(temperatures=torch.zeros(bs + 2, 1, device=device)),
+        "reqs": [SimpleNamespace(rid=f"r{i}") for i in range(bs + 2)],
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "capture.jsonl"
+        cap = StepCapture(str(path), gamma=gamma)
+        cap.observe(kw)  # warm-up: pinned allocator, writer thread, CUDA event
+        cap.flush()
+        torch.cuda.synchronize()
+        torch.cuda._sleep(1_000_000_000)  # about 0.5 s of device time at ~2 GHz
+        busy = torch.cuda.Event()
+        busy.record()
+        start = time.perf_counter()
+        cap.observe(kw)
+        observe_ms = (time.perf_counter() - start) * 1e3
+        still_busy = not busy.query()
+        cap.flush()
+        cap.close()
+        lines = [json.loads(x) for x in path.read_text().splitlines()]
+    last = lines[-1] if lines else {}
+    values_ok = (len(lines) == 2 and last.get("conf_raw") == raw_cpu[:bs].float().tolist()
+                 and last.get("accepted") == [min(int(a), gamma) for a in correct_cpu[:bs]])
+    ok = still_busy and values_ok and cap.errors == 0
+    return {"result": "PASS" if ok else "FAIL", "observe_ms": round(observe_ms, 3),
+            "returned_while_device_busy": still_busy, "values_ok": values_ok}
 
 
 # ---------------------------------------------------------------------------
@@ -374,6 +459,12 @@ def run_config(case: Case, greedy: bool, args, upstream, results: dict) -> bool:
     return checks_failed
 
 
+def _write_json(args, results: dict) -> None:
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     device = torch.device("cuda" if _HAS_CUDA else "cpu")
@@ -384,7 +475,8 @@ def main(argv=None) -> int:
     upstream, upstream_status = load_upstream(args.no_upstream)
     props = torch.cuda.get_device_properties(device).name if _HAS_CUDA else "cpu (TRITON_INTERPRET=1)"
     print(f"device: {props}; dtype {args.dtype}; rank {args.rank}; hidden {args.hidden}; upstream: {upstream_status}")
-    results = {"device": props, "upstream": upstream_status, "graph_check": None, "configs": []}
+    results = {"kind": "check" if args.check_only else "timing", "device": props,
+               "upstream": upstream_status, "graph_check": None, "capture_check": None, "configs": []}
     failed = False
     started = time.monotonic()
 
@@ -392,6 +484,9 @@ def main(argv=None) -> int:
         results["graph_check"] = graph_check(device, dtype)
         print(f"cuda graph capture/replay check: {results['graph_check']}")
         failed |= "FAIL" in json.dumps(results["graph_check"])
+        results["capture_check"] = capture_check(device)
+        print(f"capture non-blocking check: {results['capture_check']}")
+        failed |= "FAIL" in json.dumps(results["capture_check"])
 
     header = f"{'B':>4} {'gam':>3} {'V':>7} {'mode':>6} " + " ".join(f"{n:>10}" for n in VARIANTS) + f" {'perstep/f':>9} {'upstrm/f':>9} {'tok_ok':>6}"
     if not args.check_only:
@@ -412,9 +507,7 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
     print("ratios > 1 mean the fused kernel is faster.")
     print("RESULT:", "FAIL" if failed else "PASS", f"({time.monotonic() - started:.1f}s)")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    _write_json(args, results)
     return 1 if failed else 0
 
 

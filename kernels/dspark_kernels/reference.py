@@ -45,6 +45,18 @@ def confidence_logits(
     return _round(raw, conf_dtype)
 
 
+def _may_sample(sampled: torch.Tensor) -> bool:
+    """False only when no row samples and that is known without a device sync.
+
+    On CPU tensors the check is free. On a GPU it would stall the host (and break CUDA
+    graph capture), so there every row of a non-greedy call draws noise as before;
+    the Triton kernel skips it on the device per row block instead.
+    """
+    if sampled.device.type != "cpu":
+        return True
+    return bool(sampled.any())
+
+
 def run_reference(inputs: SeqHeadInputs) -> SeqHeadOutput:
     base = inputs.base_logits
     batch, gamma, vocab = inputs.batch, inputs.gamma, inputs.vocab
@@ -52,6 +64,11 @@ def run_reference(inputs: SeqHeadInputs) -> SeqHeadOutput:
     step_dtype = inputs.step_dtype
     temps = None if inputs.greedy else inputs.temperatures.to(torch.float32)
     sampled = None if temps is None else temps != 0
+    if sampled is not None and not _may_sample(sampled):
+        # No row samples (every temperature 0): argmax rows take no noise and p_d = 1,
+        # so the Philox draw and the softmax are skipped; same tokens, probabilities and
+        # confidences as drawing them (torch.where picks z on every row).
+        temps = sampled = None
     safe_temps = None if temps is None else torch.where(sampled, temps, torch.ones_like(temps))
 
     prev = inputs.anchor_tokens.long()

@@ -23,8 +23,10 @@ Step-to-step synchronisation (``launch_mode``)
 * ``persistent``: one launch for the whole block. With ``num_splits > 1`` the
   programs of a row block meet at a per-row-block barrier (an atomic counter in a
   cached workspace, self-resetting at kernel exit, so it is CUDA-graph safe).
-  The launcher keeps the whole grid at most the SM count, so every program is
-  resident and the spin cannot deadlock. With ``num_splits == 1`` there is no
+  The launcher keeps the whole grid within the SMs available to this process
+  (torch's SM count, limited by ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``), so every
+  program is resident and the spin cannot deadlock; a requested split count that
+  does not fit runs stepwise instead (logged once). With ``num_splits == 1`` there is no
   barrier at all (each program owns whole rows).
 * ``stepwise``: ``gamma + 1`` launches of the same kernel; launch ``j`` first
   combines step ``j - 1``'s partials, then computes step ``j``. The kernel
@@ -34,6 +36,7 @@ Step-to-step synchronisation (``launch_mode``)
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import Optional
@@ -454,10 +457,76 @@ def reserve_workspace(*, device, max_batch: int = 4096) -> None:
     barrier_counters(torch.device(device), triton.cdiv(max_batch, 16))
 
 
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 1
+# ---------------------------------------------------------------------------
+# how many programs are resident at once (the persistent barrier's premise)
+# ---------------------------------------------------------------------------
+
+MPS_PERCENTAGE_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+_logger = logging.getLogger(__name__)
+_LOGGED: set[str] = set()
+# CUDA device index -> available SMs (MPS reads its variable once, when CUDA starts)
+_AVAILABLE_SMS: dict[int, int] = {}
+
+
+def _log_once(key: str, level: int, message: str) -> None:
+    """Log ``message`` the first time ``key`` comes up in this process."""
+    if key not in _LOGGED:
+        _LOGGED.add(key)
+        _logger.log(level, "dspark_kernels: %s", message)
+
+
+def available_sms(sm_count: int, mps_active_thread_percentage: Optional[str] = None) -> int:
+    """How many SMs one launch of this process can count on at once (at least 1).
+
+    ``sm_count`` is what torch reports for the device; ``mps_active_thread_percentage``
+    the text of ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (None or blank: not set). Under
+    that MPS limit a client's kernels run on about that share of the SMs, so the
+    answer is ``floor(sm_count * percentage / 100)``. This may undercount (if the
+    driver already reports the limited count, or rounds the share up to whole TPCs),
+    which only costs vocab splits, never a hang. A value that is not a number in
+    (0, 100] gives 1: a launch then never needs two programs resident together.
+    Pure function (no device, no environment).
+    """
+    sms = max(1, int(sm_count))
+    if mps_active_thread_percentage is None or not mps_active_thread_percentage.strip():
+        return sms
+    text = mps_active_thread_percentage.strip()
+    try:
+        pct = float(text)
+    except ValueError:
+        pct = float("nan")
+    if not 0.0 < pct <= 100.0:  # also NaN
+        _log_once(
+            "bad-mps-percentage",
+            logging.WARNING,
+            f"{MPS_PERCENTAGE_ENV}={text!r} is not a percentage in (0, 100]; the sequential "
+            "head plans as if one SM were available (no cross-program barrier). Set it to "
+            "a number such as 50, or unset it.",
+        )
+        return 1
+    return max(1, int(sms * pct / 100.0))
+
+
+def device_available_sms(device: torch.device) -> int:
+    """:func:`available_sms` of a CUDA ``device``: torch's SM count, limited by
+    ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``; 1 for other devices. Cached per device."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 1
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    cached = _AVAILABLE_SMS.get(index)
+    if cached is None:
+        reported = int(torch.cuda.get_device_properties(index).multi_processor_count)
+        cached = available_sms(reported, os.environ.get(MPS_PERCENTAGE_ENV))
+        _AVAILABLE_SMS[index] = cached
+        if cached < reported:
+            _log_once(
+                f"mps-limit-{index}",
+                logging.INFO,
+                f"cuda:{index} reports {reported} SMs; {MPS_PERCENTAGE_ENV} leaves {cached}, "
+                "so persistent sequential-head launches keep their grid within that.",
+            )
+    return cached
 
 
 class LaunchPlan:
@@ -498,8 +567,13 @@ def plan_launch(
 ) -> LaunchPlan:
     """Choose block sizes, the vocab split and the launch mode.
 
-    ``sm_count`` / ``interpret`` override the detected device (for planning a GPU
-    launch on a machine without one).
+    A persistent launch with more than one vocab split spins at a barrier until every
+    program of its row block has arrived, so its whole grid must be resident at once:
+    it is kept within the SMs available to this process (:func:`device_available_sms`:
+    torch's SM count, limited by ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``). A requested
+    split count whose grid does not fit runs ``stepwise`` instead (no barrier; logged
+    once). ``sm_count`` / ``interpret`` override the detected device (for planning a
+    GPU launch on a machine without one, or under a known SM limit).
     """
     if launch_mode not in LAUNCH_MODES:
         raise ValueError(f"launch_mode must be one of {LAUNCH_MODES}, got {launch_mode!r}.")
@@ -522,7 +596,7 @@ def plan_launch(
     plan.num_warps = 4 if interpret else gpu_warps
     plan.row_blocks = triton.cdiv(batch, block_m)
     n_tiles = triton.cdiv(vocab, block_v)
-    sms = sm_count if sm_count is not None else _sm_count(device)
+    sms = max(1, int(sm_count)) if sm_count is not None else device_available_sms(device)
 
     mode = launch_mode
     if mode == "auto":
@@ -556,11 +630,16 @@ def plan_launch(
                 "would deadlock the sequential Triton interpreter); use launch_mode='stepwise'."
             )
         if plan.num_splits * plan.row_blocks > sms:
-            if num_splits is not None:
-                raise ValueError(
-                    f"persistent launch with num_splits={plan.num_splits} x row_blocks="
-                    f"{plan.row_blocks} exceeds the {sms} SMs; its barrier could deadlock."
-                )
+            # Not every program could be resident: the barrier could wait forever on
+            # one that never starts. The stepwise launch has no barrier.
+            _log_once(
+                "persistent-does-not-fit",
+                logging.WARNING,
+                f"a persistent launch of {plan.num_splits} splits x {plan.row_blocks} row "
+                f"blocks does not fit the {sms} available SMs; running it stepwise "
+                "(gamma + 1 launches, no cross-program barrier). Logged once; later "
+                "launches that do not fit run stepwise too.",
+            )
             mode = "stepwise"
     plan.mode = mode
     return plan

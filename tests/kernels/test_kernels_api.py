@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -98,24 +100,50 @@ def test_launch_plan_shapes():
         plan_launch(batch=1, vocab=64, rank=16, device=torch.device("cpu"), launch_mode="fast")
 
 
-def test_benchmark_smoke_runs_on_cpu(tmp_path):
-    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    env["PYTHONPATH"] = str(REPO / "kernels") + os.pathsep + env.get("PYTHONPATH", "")
-    out_json = tmp_path / "bench.json"
+def test_gpu_bench_script_cpu_smoke(tmp_path):
+    """benchmarks/run_gpu_bench.sh --cpu-smoke: the GPU machine's four steps (checks, kernel
+    timing, the policy's host cost, one summary table) on CPU in tiny sizes."""
+    env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable)
+    env.pop("TRITON_INTERPRET", None)  # the script sets it for --cpu-smoke
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "gpu_kernel_bench.py"), "--smoke", "--no-upstream",
-         "--json", str(out_json)],
+        ["bash", str(REPO / "benchmarks" / "run_gpu_bench.sh"), "--cpu-smoke"],
         env=env, capture_output=True, text=True, timeout=600, cwd=REPO,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "RESULT: PASS" in proc.stdout
-    assert "perstep/f" in proc.stdout
-    assert out_json.exists() and '"configs"' in out_json.read_text()
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    for name in ("check.json", "bench.json", "policy.json", "summary.txt"):
+        assert (tmp_path / name).exists(), name
+    assert "perstep/f" in out and "RESULT: PASS" in out
+    summary = (tmp_path / "summary.txt").read_text()
+    assert "SUMMARY: PASS" in summary
+    for row in ("graph ", "capture ", "tokens ", "kernel ms ", "policy us "):
+        assert row in summary, row
+    assert all(f"R={r} " in summary for r in (1, 4, 16))
+    policy = json.loads((tmp_path / "policy.json").read_text())
+    assert policy["backend"] == "planner" and all(r["steps"] == 20 for r in policy["rows"])
 
 
-def test_benchmark_shell_script_parses():
-    script = REPO / "benchmarks" / "run_gpu_bench.sh"
-    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+def _host_bench():
+    spec = importlib.util.spec_from_file_location("gpu_bench_host", REPO / "benchmarks" / "gpu_bench_host.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_bench_summary_fails_on_a_failed_or_missing_part(tmp_path, capsys):
+    host = _host_bench()
+    good = tmp_path / "check.json"
+    good.write_text(json.dumps({"kind": "check", "graph_check": {"available_sms": 132, "triton-auto-greedy": "PASS"},
+                                "capture_check": {"result": "PASS", "observe_ms": 0.1,
+                                                  "returned_while_device_busy": True}, "configs": []}))
+    assert host.main(["summary", str(good)]) == 0
+    assert "SUMMARY: PASS" in capsys.readouterr().out
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"kind": "check", "graph_check": {"torch-auto-sample": "FAIL (RuntimeError: x)"}}))
+    assert host.main(["summary", str(good), str(bad)]) == 1
+    assert host.main(["summary", str(good), str(tmp_path / "timed_out.json")]) == 1
+    out = capsys.readouterr().out
+    assert "torch-auto-sample" in out and "no result file" in out
 
 
 def test_empty_batch():
