@@ -34,7 +34,6 @@ production setting.
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -138,12 +137,9 @@ class AbConfig:
     seed: int = 0
 
     @classmethod
-    def from_env(cls) -> Optional["AbConfig"]:
-        spec = os.environ.get(ENV_ARMS, "").strip()
+    def from_settings(cls, settings) -> Optional["AbConfig"]:
+        """``settings.ab_arms`` / ``ab_seed`` (None when no arms are set)."""
+        spec = (settings.ab_arms or "").strip()
         if not spec:
             return None
-        try:
-            seed = int(os.environ.get(ENV_SEED, "0"))
-        except ValueError:
-            raise ArmSpecError(f"{ENV_SEED} must be an integer, got {os.environ.get(ENV_SEED)!r}") from None
-        return cls(arms=parse_arms(spec), seed=seed)
+        return cls(arms=parse_arms(spec), seed=int(settings.ab_seed))

@@ -78,6 +78,7 @@ class StepClock:
 class StepStats:
     def __init__(self, window: int = 256) -> None:
         self.steps = 0
+        self.predicted_steps = 0        # steps that had a profile prediction
         self._recent: deque = deque(maxlen=window)
         self.last_log = 0.0
 
@@ -90,11 +91,17 @@ class StepStats:
         err = None
         if model_pred is not None and model_pred > 0 and rec.step_time_s > 0:
             err = abs(model_pred - rec.step_time_s) / rec.step_time_s
+            self.predicted_steps += 1
         self._recent.append((rec, err))
+
+    def median_error(self) -> Optional[float]:
+        """Median relative error (a fraction) of the recent window's predicted steps."""
+        errs = sorted(e for _, e in self._recent if e is not None)
+        return errs[len(errs) // 2] if errs else None
 
     def summary(self) -> dict:
         recs = [r for r, _ in self._recent]
-        errs = sorted(e for _, e in self._recent if e is not None)
+        err = self.median_error()
         if not recs:
             return {"steps": self.steps}
         acc = [sum(r.accepted_lens) / len(r.accepted_lens) for r in recs if r.accepted_lens]
@@ -107,5 +114,61 @@ class StepStats:
             "mean_budget_per_request": round(sum(bud) / len(bud), 3) if bud else None,
             "mean_accepted_drafts": round(sum(acc) / len(acc), 3) if acc else None,
             "mean_step_ms": round(1000 * sum(r.step_time_s for r in recs) / len(recs), 3),
-            "profile_rel_error_median": round(errs[len(errs) // 2], 4) if errs else None,
+            "profile_rel_error_median": round(err, 4) if err is not None else None,
         }
+
+
+class NoiseWatch:
+    """Warns once when step times stop describing this engine's load.
+
+    Two rules, each logged at most once per process:
+
+    * **bimodal**: among the last ``window`` steps of one shape (request count, verify
+      tokens), once ``min_samples`` are seen, the 90th percentile exceeds ``spread`` times
+      the 10th;
+    * **unexplained**: after ``min_steps`` predicted steps, the median relative error of the
+      profile's prediction over the recent window stays above ``max_error`` (a fraction).
+
+    Either usually means another busy process shares these cores (on CPU SGLang pins its
+    OpenMP threads to cores 0..n-1, so two servers on one small machine slow each other by
+    up to 100x on small ops); the profile then learns noise."""
+
+    HINT = ("another busy process probably shares these cores (on CPU, SGLang pins its OpenMP "
+            "threads to cores 0..n-1: run one SGLang server per set of cores, or pin them apart "
+            "with taskset); budgets learned from such steps are noise")
+
+    def __init__(self, *, window: int = 64, min_samples: int = 32, spread: float = 3.0,
+                 min_steps: int = 512, max_error: float = 0.5) -> None:
+        self.window, self.min_samples, self.spread = window, min_samples, spread
+        self.min_steps, self.max_error = min_steps, max_error
+        self._by_shape: dict = {}
+        self.warned: dict = {}          # rule -> the message it logged
+
+    def observe(self, *, num_requests: int, verify_tokens: int, step_s: float) -> Optional[str]:
+        """Add a step; returns the bimodal warning the first time the rule fires."""
+        if "bimodal" in self.warned or step_s <= 0:
+            return None
+        q = self._by_shape.setdefault((int(num_requests), int(verify_tokens)), deque(maxlen=self.window))
+        q.append(float(step_s))
+        if len(q) < self.min_samples:
+            return None
+        xs = sorted(q)
+        p10, p90 = xs[len(xs) // 10], xs[(9 * len(xs)) // 10]
+        if p90 <= self.spread * p10:
+            return None
+        msg = (f"step times are bimodal: at {num_requests} requests and {verify_tokens} verify "
+               f"tokens the 90th percentile is {p90 / p10:.1f}x the 10th ({1e3 * p10:.2f} vs "
+               f"{1e3 * p90:.2f} ms over {len(xs)} steps); {self.HINT}")
+        self.warned["bimodal"] = msg
+        return msg
+
+    def check_error(self, *, predicted_steps: int, median_rel_error: Optional[float]) -> Optional[str]:
+        """The unexplained-error rule; returns its warning the first time it fires."""
+        if ("unexplained" in self.warned or median_rel_error is None
+                or predicted_steps < self.min_steps or median_rel_error <= self.max_error):
+            return None
+        msg = (f"the step-time profile's median prediction error is {100 * median_rel_error:.0f}% "
+               f"after {predicted_steps} steps (a well-measured engine stays under "
+               f"{100 * self.max_error:.0f}%); {self.HINT}")
+        self.warned["unexplained"] = msg
+        return msg

@@ -19,8 +19,10 @@ from typing import Optional
 
 import torch
 
+from sglang_dspark.settings import BY_NAME as _SETTINGS  # pure Python: our variables' one parser
+
 ENV_VAR = "SGLANG_DSPARK_FUSED_SEQ_HEAD"
-CHOICES = ("auto", "triton", "torch", "upstream")
+CHOICES = _SETTINGS[ENV_VAR].parse.values
 
 
 def _interpreter_on() -> bool:
@@ -29,12 +31,9 @@ def _interpreter_on() -> bool:
 
 def requested_backend() -> str:
     """The raw, validated value of the switch (``auto`` when unset)."""
-    value = os.environ.get(ENV_VAR, "").strip().lower() or "auto"
-    if value not in CHOICES:
-        raise ValueError(
-            f"{ENV_VAR}={os.environ.get(ENV_VAR)!r} is not one of {', '.join(CHOICES)}."
-        )
-    return value
+    from sglang_dspark.settings import read
+
+    return read(ENV_VAR)
 
 
 def select_backend(*, device: Optional[torch.device | str] = None) -> str:

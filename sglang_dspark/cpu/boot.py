@@ -27,7 +27,9 @@ _installed = False
 
 
 def cpu_intended(argv: list[str] | None = None) -> bool:
-    if os.environ.get("SGLANG_DSPARK_CPU", "1") == "0":
+    from sglang_dspark.settings import check_environment
+
+    if not check_environment().cpu:   # the platform seam runs first: validate here too
         return False
     if os.environ.get("SGLANG_USE_CPU_ENGINE") == "1":
         return True

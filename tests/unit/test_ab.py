@@ -19,16 +19,15 @@ def test_parse_arms_normalises_and_validates():
             parse_arms(bad)
 
 
-def test_config_from_env(monkeypatch):
-    monkeypatch.delenv("SGLANG_DSPARK_AB_ARMS", raising=False)
-    assert AbConfig.from_env() is None
-    monkeypatch.setenv("SGLANG_DSPARK_AB_ARMS", "policy,fixed@1")
-    monkeypatch.setenv("SGLANG_DSPARK_AB_SEED", "7")
-    cfg = AbConfig.from_env()
+def test_config_from_settings():
+    from sglang_dspark.settings import Settings, SettingsError
+
+    assert AbConfig.from_settings(Settings.from_env({})) is None
+    cfg = AbConfig.from_settings(Settings.from_env(
+        {"SGLANG_DSPARK_AB_ARMS": "policy,fixed@1", "SGLANG_DSPARK_AB_SEED": "7"}))
     assert cfg.seed == 7 and [a.name for a in cfg.arms] == ["policy", "fixed@1"]
-    monkeypatch.setenv("SGLANG_DSPARK_AB_SEED", "seven")
-    with pytest.raises(ArmSpecError, match="SGLANG_DSPARK_AB_SEED"):
-        AbConfig.from_env()
+    with pytest.raises(SettingsError, match="SGLANG_DSPARK_AB_SEED='seven'"):
+        Settings.from_env({"SGLANG_DSPARK_AB_SEED": "seven"})
 
 
 def test_rotation_runs_every_arm_once_per_cycle_in_shuffled_orders():
