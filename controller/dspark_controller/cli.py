@@ -58,11 +58,38 @@ def _curve_client_opts(args: argparse.Namespace) -> tuple[Optional[bytes], Optio
         raise UsageError(str(exc)) from None
 
 
+def _check_connect(args: argparse.Namespace) -> None:
+    """``--connect`` must be a ZeroMQ address (one line and exit 2, not ZeroMQ's traceback)."""
+    from .endpoints import check_endpoint
+
+    try:
+        check_endpoint(args.connect, option="--connect", example=Endpoints.derive(DEFAULT_BASE).cli)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _check_binds(args: argparse.Namespace) -> None:
+    """``--bind`` / ``--pub-bind`` / ``--cli-bind`` and the endpoints derived from them."""
+    from .endpoints import check_endpoint
+
+    try:
+        for opt, val in (("--bind", args.bind), ("--pub-bind", args.pub_bind), ("--cli-bind", args.cli_bind)):
+            if val is not None:
+                check_endpoint(val, option=opt, bind=True)
+        eps = Endpoints.derive(args.bind, pub=args.pub_bind, cli=args.cli_bind)
+        for opt, given, val in (("--pub-bind", args.pub_bind, eps.pub), ("--cli-bind", args.cli_bind, eps.cli)):
+            if given is None:
+                check_endpoint(val, option=f"{opt} (derived from --bind)", bind=True)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _request(args: argparse.Namespace, msg: Any) -> Any:
     import zmq
 
     from .protocol import DecodeError, decode_frames, encode
 
+    _check_connect(args)
     server_key, keys = _curve_client_opts(args)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -270,11 +297,13 @@ def cmd_set(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from .profile_file import default_profiles_dir
     from .server import ControllerConfig, serve
     from .sps_model import SpsModelConfig
 
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _check_binds(args)
     policy = _policy_from_args(args.policy, args)
     try:
         model_cfg = SpsModelConfig(half_life_steps=args.half_life_steps, max_batch_tokens=args.max_batch_tokens,
@@ -284,7 +313,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     cfg = ControllerConfig(
         bind=args.bind, pub_bind=args.pub_bind, cli_bind=args.cli_bind,
-        profiles_dir=None if args.no_persist else args.profiles_dir, metrics_port=args.metrics_port,
+        profiles_dir=None if args.no_persist else (args.profiles_dir or default_profiles_dir()),
+        metrics_port=args.metrics_port,
         metrics_addr=args.metrics_addr, curve_secret_key_file=args.curve_secret_key,
         curve_authorized_dir=args.curve_authorized_dir, policy=policy, heartbeat_s=args.heartbeat_s,
         engine_timeout_s=args.engine_timeout_s, decision_interval_s=args.decision_interval_s,
@@ -328,7 +358,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "(tcp port+1/+2, ipc path.pub/.cli) (default: %(default)s)")
     s.add_argument("--pub-bind", help="publisher endpoint override")
     s.add_argument("--cli-bind", help="CLI endpoint override")
-    s.add_argument("--profiles-dir", default="profiles", help="where profiles persist (default: %(default)s)")
+    s.add_argument("--profiles-dir",
+                   help="where profiles load from and persist (default: a per-user state folder, "
+                        "$XDG_STATE_HOME/sglang-dspark/profiles, else ~/.local/state/sglang-dspark/profiles; "
+                        "never the working directory). Files in it that are not profiles are ignored")
     s.add_argument("--no-persist", action="store_true", help="do not load or save profiles")
     s.add_argument("--prior", help="prior for new profiles: a DSpark profile file or an SGLang SPS table JSON")
     s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")

@@ -34,7 +34,7 @@ from typing import Any, Optional, Union
 
 import zmq
 
-from .endpoints import connectable, load_curve_keypair, load_curve_public_key
+from .endpoints import check_endpoint, connectable, load_curve_keypair, load_curve_public_key
 from .protocol import (
     DEFAULT_MAX_MESSAGE_BYTES, MAX_STEPS_PER_BATCH, BudgetDecision, DecodeError, DropCounter,
     EngineFingerprint, Heartbeat, HeartbeatAck, ProfileUpdate, RateLimitedLog, Register,
@@ -68,7 +68,9 @@ class ControllerClient:
 
     Parameters (keyword-only)
     -------------------------
-    address: the controller's worker endpoint, e.g. ``tcp://127.0.0.1:7150``.
+    address: the controller's worker endpoint, ``tcp://HOST:PORT`` or ``ipc://PATH`` (e.g.
+        ``tcp://127.0.0.1:7150``); anything else raises ``endpoints.ConfigError`` here
+        (:func:`~dspark_controller.endpoints.check_endpoint`).
     fingerprint: the engine's :class:`EngineFingerprint` (selects the shared profile).
     engine_id: unique id of this engine/rank (``[A-Za-z0-9_.:@/+=-]{1,128}``).
     worker_id: free-form worker id (defaults to ``host:pid``).
@@ -94,6 +96,10 @@ class ControllerClient:
         if (curve_server_key is None) != (curve_keys is None):
             raise ValueError("CurveZMQ needs both curve_server_key (the controller's public key) and "
                              "curve_keys (this client's keypair), or neither")
+        # a malformed address fails here (ConfigError, a ValueError), not later in the thread
+        check_endpoint(address, option="controller address")
+        if pub_address is not None:
+            check_endpoint(pub_address, option="controller publisher address")
         self.address = address
         self.fingerprint = fingerprint
         self.engine_id = engine_id

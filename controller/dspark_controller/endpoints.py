@@ -6,7 +6,9 @@ One *base* endpoint names a controller. The three sockets derive from it:
 * ``ipc://PATH``    -> workers ``ipc://PATH``, publisher ``ipc://PATH.pub``, CLI ``ipc://PATH.cli``
 
 Each can be overridden. A TCP bind on anything but a loopback address is refused
-unless CurveZMQ is configured (:func:`require_safe_bind`).
+unless CurveZMQ is configured (:func:`require_safe_bind`). :func:`check_endpoint` tells a
+malformed address from a good one without touching a socket (the CLI and the client call
+it before ZeroMQ would raise on it).
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
-__all__ = ["DEFAULT_BASE", "Endpoints", "ConfigError", "is_loopback_endpoint", "require_safe_bind",
-           "connectable", "load_curve_keypair", "load_curve_public_key"]
+__all__ = ["DEFAULT_BASE", "Endpoints", "ConfigError", "check_endpoint", "is_loopback_endpoint",
+           "require_safe_bind", "connectable", "load_curve_keypair", "load_curve_public_key"]
 
 DEFAULT_BASE = "tcp://127.0.0.1:7150"
 
@@ -58,6 +60,73 @@ class Endpoints:
         if base.startswith("inproc://"):
             return Endpoints(router=base, pub=pub or base + ".pub", cli=cli or base + ".cli")
         raise ConfigError(f"unsupported endpoint {base!r}; use tcp://HOST:PORT or ipc:///path/to/socket")
+
+
+IPC_PATH_MAX_BYTES = 107      # sizeof(sockaddr_un.sun_path) - 1 on Linux; ZeroMQ refuses longer ipc paths
+
+
+def check_endpoint(address: object, *, option: str = "address", bind: bool = False,
+                   allow_inproc: bool = False, example: str = "tcp://127.0.0.1:7150") -> str:
+    """``address`` if it is a ZeroMQ endpoint of the form we use, else :class:`ConfigError`.
+
+    Pure (no socket, no name lookup). Accepted: ``tcp://HOST:PORT`` (HOST a name, an IPv4
+    address or a bracketed IPv6 address; PORT 1..65535; when ``bind``, HOST may be ``*`` and
+    PORT 0, an ephemeral port) and ``ipc://PATH`` (PATH non-empty, at most 107 bytes, the
+    Unix-socket limit); ``inproc://NAME`` only with ``allow_inproc`` (it reaches sockets of
+    the same ZeroMQ context only, never another process). The message is one line naming
+    ``option``, the value and the expected forms (with ``example``), e.g. ``--connect
+    'garbage' is not a ZeroMQ address: no transport (tcp:// or ipc://); expected
+    tcp://HOST:PORT (e.g. tcp://127.0.0.1:7152) or ipc://PATH``.
+    Whether the host resolves or the port is free is only known when the socket is used.
+    """
+    forms = f"tcp://HOST:PORT (e.g. {example}) or ipc://PATH"
+
+    def bad(why: str) -> ConfigError:
+        return ConfigError(f"{option} {address!r} is not a ZeroMQ address: {why}; expected {forms}")
+
+    if not isinstance(address, str) or not address.strip():
+        raise bad("it is empty")
+    if address != address.strip() or any(c.isspace() for c in address):
+        raise bad("it contains whitespace")
+    scheme, sep, rest = address.partition("://")
+    if not sep:
+        raise bad("no transport (tcp:// or ipc://)")
+    if scheme == "tcp":
+        target = rest.split(";", 1)[1] if ";" in rest else rest      # ZeroMQ's tcp://SOURCE;HOST:PORT
+        host, colon, port = target.rpartition(":")
+        if not colon or not port.isdigit():
+            raise bad("a TCP address needs HOST:PORT with a numeric port")
+        if not host:
+            raise bad("the host is missing")
+        if host.startswith("["):
+            ok_host = host.endswith("]") and len(host) > 2 and all(c in "0123456789abcdefABCDEF:." for c in host[1:-1])
+        elif host == "*":
+            ok_host = bind
+        else:
+            ok_host = all(c.isalnum() or c in "-._" for c in host) and ":" not in host
+        if not ok_host:
+            raise bad(f"host {host!r} is not a host name or IP address"
+                      + (" ('*' only binds; connect to a host)" if host == "*" else "")
+                      + (" (write an IPv6 address in brackets, e.g. tcp://[::1]:7150)" if ":" in host
+                         and not host.startswith("[") else ""))
+        p = int(port)
+        if not (0 if bind else 1) <= p <= 65535:
+            raise bad(f"port {p} is outside {0 if bind else 1}..65535")
+        return address
+    if scheme == "ipc":
+        if not rest:
+            raise bad("the ipc path is empty")
+        if len(rest.encode("utf-8")) > IPC_PATH_MAX_BYTES:
+            raise bad(f"the ipc path is {len(rest.encode('utf-8'))} bytes, over the Unix-socket limit of "
+                      f"{IPC_PATH_MAX_BYTES} (use a shorter path, e.g. under /tmp)")
+        return address
+    if scheme == "inproc" and allow_inproc:
+        if not rest:
+            raise bad("the inproc name is empty")
+        return address
+    if scheme == "inproc":
+        raise bad("inproc:// reaches only sockets in the same process and ZeroMQ context")
+    raise bad(f"unsupported transport {scheme + '://'!r}")
 
 
 def is_loopback_endpoint(endpoint: str) -> bool:

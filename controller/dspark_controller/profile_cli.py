@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 DEFAULT_SCHEMA_PATH = "profiles/schema/profile.schema.json"
+STRICT_MAX_HELDOUT_ERROR = 0.25     # = profile_tools.STRICT_MAX_HELDOUT_ERROR (not imported: keeps --help light)
 
 
 class ProfileUsageError(Exception):
@@ -78,10 +79,16 @@ def _profile_passive(args: argparse.Namespace) -> int:
     from .profile_file import save_profile
     from .profiling import ProfilingError, fetch_from_controller
 
+    from .endpoints import ConfigError, check_endpoint
+
     active_only = [f for f, v in (("--concurrency", args.concurrency), ("--fractions", args.fractions),
-                                  ("--resume", args.resume), ("--launch", args.launch)) if v]
+                                  ("--resume", args.resume)) if v]
     if active_only:
         raise _usage(f"{', '.join(active_only)} only apply to --url (active profiling)")
+    try:
+        check_endpoint(args.from_controller, option="--from-controller", example="tcp://127.0.0.1:7152")
+    except ConfigError as exc:
+        raise _usage(str(exc)) from None
     curve = None
     if args.curve_server_key or args.curve_client_cert:
         from .cli import _curve_client_opts
@@ -143,7 +150,7 @@ def _profile_active(args: argparse.Namespace) -> int:
             raise _usage(str(exc)) from None
         try:
             with launched:
-                s.url = args.url or launched.url
+                s.url = launched.url
                 return _run_active(s, progress, args)
         except ProfilingError as exc:
             print(f"error: {exc}\nno profile was written.", file=sys.stderr)
@@ -287,15 +294,28 @@ def cmd_diff(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from .profile_tools import validate_file
 
+    if not 0.0 < args.max_error:
+        raise _usage(f"--max-error {args.max_error:g}: give the largest acceptable held-out error as a fraction "
+                     "> 0, e.g. 0.25 for 25%")
     bad = 0
     for f in args.files:
-        ok, problems, notes = validate_file(f)
-        print(f"{f}: {'OK' if ok else 'INVALID'}")
-        for n in notes:
+        chk = validate_file(f, max_error=args.max_error)
+        if not chk.ok:
+            verdict = "INVALID"
+        elif chk.warnings and args.strict:
+            verdict = f"FAILS --strict ({len(chk.warnings)} warning{'s' if len(chk.warnings) > 1 else ''})"
+        elif chk.warnings:
+            verdict = f"OK, with {len(chk.warnings)} warning{'s' if len(chk.warnings) > 1 else ''}"
+        else:
+            verdict = "OK"
+        print(f"{f}: {verdict}")
+        for n in chk.notes:
             print(f"  {n}")
-        for p in problems:
+        for w in chk.warnings:
+            print(f"  warning: {w}")
+        for p in chk.problems:
             print(f"  problem: {p}")
-        bad += not ok
+        bad += (not chk.ok) or (args.strict and bool(chk.warnings))
     return EXIT_OK if bad == 0 else EXIT_FAIL
 
 
@@ -334,6 +354,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         table = export_table(lp, args.format, num_requests=args.num_requests, b_min=args.b_min, b_max=args.b_max)
     except ProfileToolError as exc:
         raise _usage(str(exc)) from None
+    from .profile_tools import extrapolation_warnings
+
+    for w in extrapolation_warnings(lp, num_requests=args.num_requests, b_max=args.b_max):
+        print(f"warning: {w}", file=sys.stderr)
     if args.out == "-":
         print(json.dumps(table))
         return EXIT_OK
@@ -389,13 +413,15 @@ def add_subcommands(sub: Any) -> None:
                                    "server (launched with SGLANG_DSPARK_ENABLE_SPS_RECORD=1 and "
                                    "SGLANG_RAGGED_VERIFY_MODE=compact) until the estimates are stable. Passive: "
                                    "turn what a running controller learned into a profile file.")
-    p.add_argument("--url", help="active: the SGLang server, e.g. http://127.0.0.1:30000")
-    p.add_argument("--launch", metavar="CMD",
-                   help="active: start this server command first (with SGLANG_DSPARK_ENABLE_SPS_RECORD=1 and "
-                        "SGLANG_RAGGED_VERIFY_MODE=compact unless set), profile it, stop it; e.g. "
-                        "\"python -m sglang.launch_server --model-path ... --speculative-algorithm DSPARK ...\"")
-    p.add_argument("--from-controller", metavar="ADDR",
-                   help="passive: the controller's CLI endpoint, e.g. tcp://127.0.0.1:7152")
+    src = p.add_argument_group("source (exactly one)").add_mutually_exclusive_group()
+    src.add_argument("--url", help="active: a running SGLang server, e.g. http://127.0.0.1:30000")
+    src.add_argument("--launch", metavar="CMD",
+                     help="active: start this server command (with SGLANG_DSPARK_ENABLE_SPS_RECORD=1 and "
+                          "SGLANG_RAGGED_VERIFY_MODE=compact unless set), profile it at the port it serves on, "
+                          "stop it; e.g. \"python -m sglang.launch_server --model-path ... "
+                          "--speculative-algorithm DSPARK ...\"")
+    src.add_argument("--from-controller", metavar="ADDR",
+                     help="passive: the controller's CLI endpoint, e.g. tcp://127.0.0.1:7152")
     p.add_argument("-o", "--out", required=True, help="profile file to write (JSON)")
     g = p.add_argument_group("active profiling")
     g.add_argument("--concurrency", help="running-request counts to sweep, e.g. 1,2,4,8,16 "
@@ -452,8 +478,16 @@ def add_subcommands(sub: Any) -> None:
     d.add_argument("--fail-above", type=float, help="exit 1 if the max |relative difference| exceeds this")
     d.set_defaults(func=_guard(cmd_diff))
 
-    v = sub.add_parser("validate", help="check profile files (or SGLang tables)")
+    v = sub.add_parser("validate", help="check profile files (or SGLang tables)",
+                       description="Exit 1 when a file is INVALID (unreadable, inconsistent, or predicting "
+                                   "non-positive or falling step times). Warnings (held-out error above "
+                                   "--max-error, a measurement that did not converge, no held-out error, no "
+                                   "provenance) are printed always and fail only with --strict.")
     v.add_argument("files", nargs="+")
+    v.add_argument("--strict", action="store_true",
+                   help="exit 1 on warnings too: use in CI before shipping a profile")
+    v.add_argument("--max-error", type=float, default=STRICT_MAX_HELDOUT_ERROR,
+                   help="largest acceptable held-out step-time error, a fraction (default: %(default)s = 25%%)")
     v.set_defaults(func=_guard(cmd_validate))
 
     sc = sub.add_parser("schema", help="the JSON Schema of profile files")

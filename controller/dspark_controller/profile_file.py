@@ -18,12 +18,13 @@ import hashlib
 import json
 import os
 import platform
+import re
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
 
 from . import __version__
 
@@ -31,6 +32,7 @@ __all__ = [
     "PROFILE_SCHEMA_VERSION",
     "EngineFingerprint",
     "ErrorMetrics",
+    "Measurement",
     "SpsModelState",
     "Provenance",
     "ProfileFile",
@@ -39,6 +41,9 @@ __all__ = [
     "load_profile",
     "profile_path",
     "make_provenance",
+    "default_profiles_dir",
+    "looks_like_profile",
+    "describe_validation_error",
 ]
 
 PROFILE_SCHEMA_VERSION = 1
@@ -83,7 +88,15 @@ class EngineFingerprint(_Strict):
 
 
 class ErrorMetrics(_Strict):
-    """Relative step-time prediction error on held-out samples."""
+    """Relative step-time prediction error on held-out samples.
+
+    Every value is a **fraction** of the measured step time, not a percentage: ``mape``
+    0.121 means the prediction misses a held-out step by 12.1% on average. ``mape`` is the
+    mean of ``|pred - t| / t``, ``rmse_rel`` the root mean square of ``(pred - t) / t``,
+    ``p90_abs_rel`` the 90th percentile of ``|pred - t| / t``, ``bias_rel`` the mean of
+    ``(pred - t) / t`` (positive: the profile predicts slower steps than measured); ``n``
+    the number of held-out steps (0: no held-out error, the other fields are None).
+    """
 
     n: int = Field(ge=0)
     mape: Optional[float] = None
@@ -173,6 +186,22 @@ class Provenance(_Strict):
     versions: dict[str, str] = Field(default_factory=dict)
 
 
+class Measurement(_Strict):
+    """How an active profile (``dspark-controller profile --url``) was measured: whether
+    the sweep met its stopping rule (``converged``: every cell measured ``--min-passes``
+    times, 90% of the cells' relative standard errors below ``precision``, and the fit
+    moved less than ``precision / 2`` in the last pass) or stopped at ``--max-passes`` /
+    ``--max-time`` first. ``precision`` is a fraction (0.05 = 5%). Absent from profiles the
+    controller learned online and from imported tables, which have no stopping rule."""
+
+    method: str = Field(default="active", max_length=32)
+    converged: bool
+    precision: float = Field(gt=0, lt=1)
+    passes: int = Field(ge=0)
+    rounds: int = Field(ge=0)
+    wall_s: float = Field(default=0.0, ge=0)
+
+
 class ProfileFile(BaseModel):
     """One persisted profile."""
 
@@ -185,6 +214,15 @@ class ProfileFile(BaseModel):
     heldout_error: ErrorMetrics
     samples_seen: int = Field(ge=0)
     provenance: Provenance
+    measurement: Optional[Measurement] = None
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_measurement(self, handler: Any) -> Any:
+        # a file without a measurement stays byte-for-byte what readers before the field expect
+        data = handler(self)
+        if isinstance(data, dict) and data.get("measurement", 0) is None:
+            data.pop("measurement")
+        return data
 
     @field_validator("schema_version")
     @classmethod
@@ -218,6 +256,52 @@ def make_provenance(*, command: Optional[str] = None, created_at: Optional[str] 
     return Provenance(command=command if command is not None else " ".join(sys.argv)[:4096],
                       created_at=created_at or now, updated_at=now,
                       host=platform.node()[:256], versions=versions)
+
+
+def default_profiles_dir() -> str:
+    """Where ``dspark-controller serve`` keeps profiles unless ``--profiles-dir`` says otherwise.
+
+    A per-user state folder, never the working directory (from a clone of this repository
+    that would be its ``profiles/``, which holds other engines' profiles and SGLang tables):
+    ``$XDG_STATE_HOME/sglang-dspark/profiles`` when ``XDG_STATE_HOME`` is an absolute path
+    (the XDG base-directory rule), else ``~/.local/state/sglang-dspark/profiles``. Created on
+    the first save, not before.
+    """
+    state = os.environ.get("XDG_STATE_HOME", "")
+    base = Path(state) if state and os.path.isabs(state) else Path.home() / ".local" / "state"
+    return str(base / "sglang-dspark" / "profiles")
+
+
+_OUR_FILE_NAME = re.compile(r"^[0-9a-f]{16}\.json$")     # what the controller writes: <profile_key>.json
+
+
+def looks_like_profile(path: str | os.PathLike, data: Any = None) -> bool:
+    """True when a file claims to be one of our profiles: its JSON is an object with a
+    ``profile_key`` (every ``ProfileFile`` has one; SGLang's SPS tables, provenance notes and
+    other JSON do not), or, when it does not parse (``data`` None), its name is the
+    ``<16 hex digits>.json`` the controller persists under. Files that do not claim to be
+    profiles are not ours to complain about."""
+    if isinstance(data, dict):
+        return "profile_key" in data
+    return data is None and bool(_OUR_FILE_NAME.match(Path(path).name))
+
+
+def describe_validation_error(exc: BaseException) -> str:
+    """One line: the first wrong field and what is wrong with it (pydantic's own first line is
+    only ``1 validation error for ProfileFile``)."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            errs = errors()
+        except Exception:
+            errs = []
+        if errs:
+            e = errs[0]
+            where = ".".join(str(x) for x in e.get("loc", ())) or "the file"
+            more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
+            return f"{where}: {e.get('msg', 'invalid')}{more}"
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else exc.__class__.__name__
 
 
 def profile_path(directory: str | os.PathLike, profile_key: str) -> Path:
@@ -258,5 +342,5 @@ def load_profile(path: str | os.PathLike) -> ProfileFile:
     try:
         return ProfileFile.model_validate_json(text)
     except Exception as exc:  # pydantic.ValidationError or JSON errors
-        raise ValueError(f"{path} is not a valid DSpark profile file ({exc.__class__.__name__}: "
-                         f"{str(exc).splitlines()[0]}); delete it or fix it.") from exc
+        raise ValueError(f"{path} is not a valid DSpark profile file ({describe_validation_error(exc)}); "
+                         f"`dspark-controller validate {path}` says more") from exc

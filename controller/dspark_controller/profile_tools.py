@@ -22,12 +22,13 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .profile_file import (EngineFingerprint, ErrorMetrics, ProfileFile, SpsModelState, export_json_schema,
-                           make_provenance)
+from .profile_file import (EngineFingerprint, ErrorMetrics, Measurement, ProfileFile, SpsModelState,
+                           export_json_schema, make_provenance)
 from .sps_model import ErrorSummary, PriorCurve, SpsModel, SpsModelConfig
 
 __all__ = [
-    "ProfileToolError", "LoadedProfile", "build_profile", "load_any", "validate_file", "export_table",
+    "ProfileToolError", "LoadedProfile", "build_profile", "load_any", "validate_file", "FileCheck",
+    "STRICT_MAX_HELDOUT_ERROR", "measured_range", "extrapolation_warnings", "export_table",
     "import_table", "sglang_table_loader", "write_json_atomic", "write_text_atomic", "schema_text", "sample_cells", "summary_table", "budget_table",
     "diff_profiles", "DiffResult", "format_table",
 ]
@@ -40,11 +41,14 @@ class ProfileToolError(ValueError):
 # ------------------------------------------------------------------ building
 def build_profile(samples: Sequence[Sequence[float]], *, fingerprint: EngineFingerprint, command: str,
                   heldout_frac: float = 0.1, seed: int = 0, config: Optional[SpsModelConfig] = None,
-                  created_at: Optional[str] = None) -> tuple[ProfileFile, SpsModel, ErrorSummary]:
+                  created_at: Optional[str] = None,
+                  measurement: Optional[Measurement] = None) -> tuple[ProfileFile, SpsModel, ErrorSummary]:
     """Fit an :class:`SpsModel` to ``[R, B, step_time_s]`` samples and wrap it as a profile file.
 
     A seeded ``heldout_frac`` of the samples is kept out of the fit; the profile's
-    ``heldout_error`` is the model's error on exactly those. The training samples are fed
+    ``heldout_error`` is the model's error on exactly those (fractions, not percent).
+    ``measurement`` (how the sweep ended, e.g. whether it converged) is stored as given;
+    ``validate`` reports it. The training samples are fed
     in a seeded random order so the model's drift factor (which follows recent residuals)
     sees no trend from the order of the measurement rounds.
     """
@@ -78,7 +82,8 @@ def build_profile(samples: Sequence[Sequence[float]], *, fingerprint: EngineFing
                      model=SpsModelState(**model.to_state()), heldout_error=ErrorMetrics.from_summary(err),
                      samples_seen=int(train.shape[0]),
                      provenance=make_provenance(command=command[:4096], created_at=created_at,
-                                                sglang_version=fingerprint.sglang_version))
+                                                sglang_version=fingerprint.sglang_version),
+                     measurement=measurement)
     return pf, model, err
 
 
@@ -192,14 +197,48 @@ def sglang_table_loader() -> Any:
     return module.load_sps_table_from_path
 
 
-def validate_file(path: str) -> tuple[bool, list[str], list[str]]:
-    """(ok, problems, notes) for a profile file or an SGLang table."""
+#: ``validate`` warns (and ``validate --strict`` fails) above this held-out step-time error
+#: (a fraction: 0.25 = 25%). Profiles measured on the 2-core development machine reach
+#: 8-12% (noise floor ~7%: each held-out step predicted by its own cell's median), and the
+#: profiler itself warns "very noisy" above 25%: a curve whose predictions miss a step by
+#: more than a quarter on average cannot rank budgets whose step times differ by less.
+STRICT_MAX_HELDOUT_ERROR = 0.25
+
+
+@dataclass
+class FileCheck:
+    """What ``validate`` found in one file.
+
+    ``problems`` make the file unusable (``ok`` False: exit 1). ``warnings`` are about how
+    much its numbers can be trusted (held-out error above ``max_error``, a measurement that
+    did not converge, no held-out error, no provenance): reported always, fatal only with
+    ``--strict``. ``notes`` describe the file.
+    """
+
+    ok: bool
+    problems: list[str]
+    warnings: list[str]
+    notes: list[str]
+
+
+def measured_range(lp: LoadedProfile) -> Optional[dict]:
+    """``{"r_min", "r_max", "b_min", "b_max"}`` over the raw samples the file keeps, or None
+    (an SGLang table, or an imported profile: nothing was measured)."""
+    if not lp.samples.size:
+        return None
+    r, b = lp.samples[:, 0], lp.samples[:, 1]
+    return {"r_min": int(r.min()), "r_max": int(r.max()), "b_min": int(b.min()), "b_max": int(b.max())}
+
+
+def validate_file(path: str, *, max_error: float = STRICT_MAX_HELDOUT_ERROR) -> FileCheck:
+    """Check a profile file or an SGLang table (see :class:`FileCheck`)."""
     problems: list[str] = []
+    warnings: list[str] = []
     notes: list[str] = []
     try:
         lp = load_any(path)
     except ProfileToolError as exc:
-        return False, [str(exc)], notes
+        return FileCheck(False, [str(exc)], warnings, notes)
     if lp.profile is None:
         notes.append(lp.describe())
         load_sps_table_from_path = sglang_table_loader()
@@ -211,7 +250,7 @@ def validate_file(path: str) -> tuple[bool, list[str], list[str]]:
                 notes.append("SGLang's load_sps_table_from_path accepts it")
             except Exception as exc:
                 problems.append(f"SGLang's loader rejects it: {_first_line(exc)}")
-        return not problems, problems, notes
+        return FileCheck(not problems, problems, warnings, notes)
     pf = lp.profile
     model = lp.model
     notes.append(lp.describe())
@@ -235,14 +274,58 @@ def validate_file(path: str) -> tuple[bool, list[str], list[str]]:
         bad = ~(np.isfinite(raw).all(axis=1) & (raw[:, 2] > 0) & (raw[:, 1] >= raw[:, 0]) & (raw[:, 0] >= 1))
         if bad.any():
             problems.append(f"{int(bad.sum())} raw samples are invalid (need B >= R >= 1, t > 0)")
+    rng = measured_range(lp)
+    span = "" if rng is None else f" (R = {rng['r_min']}..{rng['r_max']}, B = {rng['b_min']}..{rng['b_max']})"
+    notes.append(f"{pf.samples_seen} samples learned, {raw.shape[0]} raw samples kept{span}")
     err = pf.heldout_error
-    notes.append(f"{pf.samples_seen} samples learned, {raw.shape[0]} raw samples kept, held-out error "
-                 + ("n/a" if err.mape is None else f"{100 * err.mape:.1f}% (n={err.n})"))
+    if err.mape is None:
+        if pf.samples_seen > 0:
+            warnings.append("no held-out step-time error was measured (n=0): how well the curve predicts steps "
+                            "is unknown")
+        else:
+            notes.append("held-out error: none (no measured samples: the curve is a table or prior)")
+    else:
+        notes.append(f"held-out step-time error {100 * err.mape:.1f}% (n={err.n}"
+                     + ("" if err.p90_abs_rel is None else f", p90 {100 * err.p90_abs_rel:.1f}%") + ")")
+        if err.mape > max_error:
+            warnings.append(f"held-out step-time error {100 * err.mape:.1f}% (n={err.n}) is above the "
+                            f"{100 * max_error:g}% limit (--max-error {max_error:g}): predictions miss a step by "
+                            "more than that on average; re-profile on an otherwise idle server")
+    m = pf.measurement
+    if m is None:
+        notes.append("convergence: not recorded (learned online by a controller, imported, or written before "
+                     "profiles recorded it)")
+    elif m.converged:
+        notes.append(f"convergence: converged at {100 * m.precision:g}% precision ({m.passes} passes, "
+                     f"{m.rounds} rounds)")
+    else:
+        warnings.append(f"the measurement did not converge: it stopped after {m.passes} passes ({m.rounds} rounds, "
+                        f"{m.wall_s:.0f}s) before its estimates reached {100 * m.precision:g}% precision "
+                        "(--max-passes / --max-time); profile again, longer or on a quieter machine")
     if not pf.provenance.command:
-        notes.append("warning: provenance.command is empty (how was this made?)")
+        warnings.append("provenance.command is empty (how was this made?)")
     else:
         notes.append(f"made by: {pf.provenance.command}")
-    return not problems, problems, notes
+    return FileCheck(not problems, problems, warnings, notes)
+
+
+def extrapolation_warnings(lp: LoadedProfile, *, num_requests: Optional[int] = None,
+                           b_max: Optional[int] = None) -> list[str]:
+    """Why an export at an explicitly requested ``num_requests`` / ``b_max`` would be
+    extrapolated: outside the R (or beyond the B) the file's raw samples measured. Empty
+    for tables and imported profiles (nothing measured to compare with)."""
+    rng = measured_range(lp)
+    out: list[str] = []
+    if rng is None:
+        return out
+    if num_requests is not None and not rng["r_min"] <= num_requests <= rng["r_max"]:
+        out.append(f"--num-requests {num_requests} is outside the range this profile measured "
+                   f"(R = {rng['r_min']}..{rng['r_max']}): the curve at R = {num_requests} is extrapolated, "
+                   "not measured; profile at that load (e.g. --concurrency) to export a measured curve")
+    if b_max is not None and b_max > rng["b_max"]:
+        out.append(f"--b-max {b_max} is beyond the largest batch this profile measured (B = {rng['b_max']}): "
+                   f"step times above B = {rng['b_max']} are extrapolated")
+    return out
 
 
 # ------------------------------------------------------------------ conversions

@@ -61,7 +61,7 @@ from typing import Any, Callable, Optional, Sequence, TextIO
 
 import numpy as np
 
-from .profile_file import EngineFingerprint, ProfileFile, save_profile
+from .profile_file import EngineFingerprint, Measurement, ProfileFile, save_profile
 from .profile_tools import ProfileToolError, build_profile, write_json_atomic
 from .sps_model import SpsModel
 
@@ -897,7 +897,10 @@ class ActiveProfiler:
         try:
             pf, model, err = build_profile([x[:3] for x in self.samples], fingerprint=self.ctx.fingerprint,
                                            command=self.s.command, heldout_frac=self.s.heldout_frac,
-                                           seed=self.s.seed)
+                                           seed=self.s.seed,
+                                           measurement=Measurement(converged=converged, precision=self.s.precision,
+                                                                   passes=self.pass_no, rounds=len(self.rounds),
+                                                                   wall_s=round(self.elapsed(), 1)))
         except ProfileToolError as exc:
             raise ProfilingError(f"{exc}; measurements kept in {self.s.checkpoint_path()}") from None
         if err.n and err.mape > 0.25:

@@ -41,8 +41,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .endpoints import DEFAULT_BASE, ConfigError, Endpoints, load_curve_keypair, require_safe_bind
 from .planner import PlanError, compute_lagged_budget, profile_takes_step
-from .profile_file import (ErrorMetrics, ProfileFile, SpsModelState, load_profile, make_provenance,
-                           profile_path, save_profile)
+from .profile_file import (ErrorMetrics, ProfileFile, SpsModelState, default_profiles_dir,
+                           describe_validation_error, looks_like_profile, make_provenance, profile_path,
+                           save_profile)
 from .protocol import (
     DEFAULT_MAX_MESSAGE_BYTES, BudgetDecision, DecodeError, DropCounter, EngineFingerprint,
     EngineStatus, ErrorReply, Heartbeat, HeartbeatAck, PolicySpec, ProfileReply, ProfileRequest, ProfileStatus,
@@ -57,12 +58,18 @@ __all__ = ["ControllerConfig", "Controller", "load_prior"]
 logger = logging.getLogger("dspark_controller.server")
 
 
+def _is_key_name(path: Path) -> bool:
+    """Named ``<profile_key>.json``, as the controller saves profiles."""
+    return looks_like_profile(path, None)
+
+
 @dataclass(frozen=True)
 class ControllerConfig:
     bind: str = DEFAULT_BASE
     pub_bind: Optional[str] = None
     cli_bind: Optional[str] = None
-    profiles_dir: Optional[str] = "profiles"
+    # None: no persistence; default: a per-user state folder (profile_file.default_profiles_dir)
+    profiles_dir: Optional[str] = field(default_factory=default_profiles_dir)
     metrics_port: Optional[int] = None
     metrics_addr: str = "127.0.0.1"
     curve_secret_key_file: Optional[str] = None
@@ -139,7 +146,8 @@ class _Metrics:
             "dspark_controller_decision_latency_seconds", "Time to compute and publish one decision",
             buckets=(1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1), registry=r)
         self.profile_error = Gauge("dspark_controller_profile_prediction_error",
-                                   "Held-out mean absolute relative step-time error", ["profile"], registry=r)
+                                   "Held-out mean absolute relative step-time error (a fraction: 0.05 = 5%)",
+                                   ["profile"], registry=r)
         self.profile_samples = Gauge("dspark_controller_profile_samples", "Samples learned", ["profile"],
                                      registry=r)
         self.budget = Gauge("dspark_controller_budget_tokens", "Current draft-token budget", ["engine"],
@@ -243,24 +251,57 @@ class Controller:
 
     # ------------------------------------------------------------------ profiles
     def _load_profiles(self) -> None:
+        """Load every profile in ``profiles_dir``. Files that are not profiles (SGLang SPS
+        tables, provenance notes, any other JSON; see ``profile_file.looks_like_profile``)
+        are skipped with a debug line; a file that claims to be a profile but does not load
+        gets one warning naming it and what is wrong, and is left as it is."""
+        import json
+
         d = self.config.profiles_dir
-        if not d or not Path(d).is_dir():
+        if not d:
             return
+        if not Path(d).is_dir():
+            logger.info("profiles: none yet in %s (created on the first save; --profiles-dir to change)", d)
+            return
+        loaded = 0
         for p in sorted(Path(d).glob("*.json")):
+            why = ""
             try:
-                pf = load_profile(p)
+                data = json.loads(p.read_text(encoding="utf-8"))
+                if data is None:
+                    data = "null"          # JSON null: parsed, and not an object (None means unreadable)
+            except (OSError, UnicodeDecodeError, ValueError) as exc:
+                data = None
+                why = f"cannot read it as JSON ({exc})"
+            if not looks_like_profile(p, data):
+                logger.debug("profiles: %s is not a DSpark profile (no profile_key); ignored", p)
+                continue
+            try:
+                if data is None:
+                    raise ValueError(why)
+                try:
+                    pf = ProfileFile.model_validate(data)
+                except Exception as exc:
+                    raise ValueError(describe_validation_error(exc)) from None
                 model = SpsModel.from_state(pf.model.model_dump())
             except Exception as exc:  # a bad file must not stop the controller
-                logger.warning("skipping profile %s: %s", p, exc)
+                named = p.stem if _is_key_name(p) else None
+                logger.warning("profiles: not loading %s, which does not load as a DSpark profile: %s "
+                               "(`dspark-controller validate %s` checks it); engines of its fingerprint "
+                               "start a new profile%s", p, exc, p,
+                               f", which is saved under this name if its key is {named}" if named else "")
                 continue
             if pf.profile_key != pf.fingerprint.profile_key():
-                logger.warning("skipping profile %s: its key does not match its fingerprint", p)
+                logger.warning("profiles: not loading %s: its profile_key %s does not match its fingerprint "
+                               "(%s); was the fingerprint edited?", p, pf.profile_key, pf.fingerprint.profile_key())
                 continue
+            loaded += 1
             self.profiles[pf.profile_key] = _Profile(key=pf.profile_key, fingerprint=pf.fingerprint, model=model,
                                                      created_at=pf.provenance.created_at,
                                                      samples_seen=pf.samples_seen)
             logger.info("loaded profile %s (%s on %s, %d samples) from %s", pf.profile_key,
                         pf.fingerprint.target_model, pf.fingerprint.device_name, pf.samples_seen, p)
+        logger.info("profiles: %d loaded from %s, where they persist (--profiles-dir to change)", loaded, d)
 
     def _profile_for(self, fp: EngineFingerprint) -> _Profile:
         key = fp.profile_key()

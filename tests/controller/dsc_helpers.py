@@ -100,8 +100,9 @@ class ControllerProc:
     """A ``dspark-controller serve`` subprocess."""
 
     def __init__(self, *, workdir: Path, bind: str, extra: list[str], cli: Optional[str] = None,
-                 name: str = "ctl") -> None:
+                 name: str = "ctl", env: Optional[dict[str, str]] = None) -> None:
         self.workdir = workdir
+        self.env = env
         self.bind = bind
         self.cli = cli or (bind + ".cli" if bind.startswith("ipc://") else None)
         self.extra = extra
@@ -111,7 +112,7 @@ class ControllerProc:
     def start(self, *, wait: bool = True, curve: Optional[tuple] = None) -> "ControllerProc":
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "dspark_controller.cli", "serve", "--bind", self.bind,
-                                      *self.extra], cwd=str(self.workdir), env=subprocess_env(),
+                                      *self.extra], cwd=str(self.workdir), env=self.env or subprocess_env(),
                                      stdout=self._log, stderr=subprocess.STDOUT,
                                      preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
         if wait:

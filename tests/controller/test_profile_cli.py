@@ -296,6 +296,12 @@ def test_active_profile_measures_the_true_curve_and_releases_the_server(fake, tm
     assert pf.provenance.command.startswith("dspark-controller profile --url " + srv.url)
     assert pf.samples_seen >= 100 and pf.heldout_error.n > 0 and pf.heldout_error.mape < 0.05
     assert rel_err_vs_truth(out) < 0.06
+    # how the sweep ended is recorded, and validate reports it
+    m = pf.measurement
+    assert m is not None and m.method == "active" and m.precision == 0.05 and m.passes >= 2 and m.rounds >= 20
+    assert ("NOT converged" in r.stdout) == (not m.converged)
+    v = run_cli("validate", str(out))
+    assert v.returncode == 0 and (("convergence: converged at 5% precision" in v.stdout) == m.converged), v.stdout
     # every fraction was pinned, and the server got its own decisions back at the end
     assert {0.5, 1.0} <= set(srv.forced_history) and min(x for x in srv.forced_history if x) < 1e-3
     assert srv.forced_history[-1] is None and srv.forced is None and "Restart the server" not in r.stderr
@@ -523,7 +529,7 @@ def test_committed_profiles_are_valid_and_measured():
     files = sorted((REPO / "profiles").glob("*.profile.json"))
     assert files, "profiles/ has no measured profile"
     for f in files:
-        r = run_cli("validate", str(f))
+        r = run_cli("validate", "--strict", str(f))
         assert r.returncode == 0, r.stdout
         pf = load_profile(f)
         assert pf.samples_seen >= 200 and pf.provenance.command.startswith("dspark-controller profile --url")
@@ -593,6 +599,69 @@ def test_validate_accepts_good_files_and_names_the_problem_in_bad_ones(tmp_path)
     assert r.returncode == 1 and "gamma" in r.stdout
     (tmp_path / "junk.json").write_text("{not json")
     assert run_cli("validate", str(tmp_path / "junk.json")).returncode == 1
+
+
+def _noisy_unconverged_profile(path: Path) -> Path:
+    """A profile like one measured on a busy machine: steps scattered over a factor of ~20 (the
+    fit misses held-out steps by several hundred percent) and a sweep that hit --max-passes."""
+    from dspark_controller.profile_file import Measurement
+
+    rng = np.random.default_rng(4)
+    samples = []
+    for _ in range(600):
+        r = int(rng.choice([1, 2, 4]))
+        b = r + int(rng.integers(0, r * GAMMA + 1))
+        samples.append([r, b, true_step_s(r, b) * float(np.exp(rng.normal(0, 1.6)))])
+    fp = EngineFingerprint(target_model="/m/t", draft_model="/m/d", gamma=GAMMA, device_name="FakeGPU 9000")
+    pf, _, err = build_profile(samples, fingerprint=fp, command="dspark-controller profile --url http://h:1 -o x",
+                               measurement=Measurement(converged=False, precision=0.05, passes=8, rounds=60,
+                                                       wall_s=97.0))
+    assert err.mape > 1.0            # several hundred percent
+    save_profile(path, pf)
+    return path
+
+
+def test_validate_reports_error_and_convergence_and_strict_fails_on_them(tmp_path):
+    bad = _noisy_unconverged_profile(tmp_path / "noisy.json")
+    mape = load_profile(bad).heldout_error.mape
+    r = run_cli("validate", str(bad))
+    assert r.returncode == 0, r.stdout                               # usable, but say why not to trust it
+    assert f"{bad}: OK, with 2 warnings" in r.stdout
+    assert f"warning: held-out step-time error {100 * mape:.1f}%" in r.stdout and "above the 25% limit" in r.stdout
+    assert "warning: the measurement did not converge" in r.stdout and "8 passes" in r.stdout
+    r = run_cli("validate", "--strict", str(bad))
+    assert r.returncode == 1 and f"{bad}: FAILS --strict (2 warnings)" in r.stdout
+    r = run_cli("validate", "--strict", "--max-error", str(2 * mape), str(bad))
+    assert r.returncode == 1 and "FAILS --strict (1 warning)" in r.stdout and "did not converge" in r.stdout
+    good = synthetic_profile(tmp_path / "good.json")
+    r = run_cli("validate", "--strict", str(good))
+    assert r.returncode == 0 and f"{good}: OK\n" in r.stdout and "warning" not in r.stdout
+    assert "held-out step-time error" in r.stdout and "convergence: not recorded" in r.stdout
+    r = run_cli("validate", "--strict", str(good), str(bad))           # one bad file fails the run
+    assert r.returncode == 1
+    r = run_cli("validate", "--max-error", "0", str(good))
+    assert r.returncode == 2 and "--max-error" in r.stderr
+
+
+def test_validate_strict_threshold_is_one_number():
+    from dspark_controller import profile_cli, profile_tools
+
+    assert profile_cli.STRICT_MAX_HELDOUT_ERROR == profile_tools.STRICT_MAX_HELDOUT_ERROR == 0.25
+
+
+def test_export_beyond_the_measured_range_warns(tmp_path):
+    prof = synthetic_profile(tmp_path / "a.json")            # measured at R = 1, 2, 4, 8, 16
+    out = tmp_path / "t.json"
+    r = run_cli("export", str(prof), "--format", "cost", "--num-requests", "999", "-o", str(out))
+    assert r.returncode == 0 and out.is_file(), r.stderr
+    assert "warning: --num-requests 999 is outside the range this profile measured (R = 1..16)" in r.stderr
+    assert "extrapolated" in r.stderr and "wrote" in r.stdout and "warning" not in r.stdout
+    r = run_cli("export", str(prof), "--format", "cost", "--num-requests", "8", "-o", str(out))
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+    r = run_cli("export", str(prof), "--format", "cost", "--num-requests", "8", "--b-max", "5000", "-o", str(out))
+    assert r.returncode == 0 and "warning: --b-max 5000 is beyond the largest batch" in r.stderr
+    r = run_cli("export", str(prof), "--format", "cost", "-o", "-")      # default R: the largest measured
+    assert r.returncode == 0 and "warning" not in r.stderr
 
 
 def test_show_prints_tables_and_writes_a_png(tmp_path):
