@@ -31,6 +31,7 @@ through ``Controller._on_step`` as ``StepTelemetry`` (the fields the worker's
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 from dataclasses import dataclass
@@ -268,12 +269,13 @@ class SimController:
 
     One instance per policy run, shared by all simulated engines (one profile, as engines
     with the same fingerprint share one in production). ``send_verify_lens`` adds the
-    per-request verify lengths to the telemetry; the worker's ``ControllerLink.publish``
-    does not send them today (default False, as in production).
+    per-request verify lengths to the telemetry, as the worker's ``ControllerLink.publish``
+    sends them (default True; False simulates telemetry without them, where the controller
+    counts a request its budget stopped as a rejection).
     """
 
     def __init__(self, *, gamma: int, mode: str = "throughput", floor: Optional[float] = None,
-                 explore: float = 0.0, decision_interval_s: float = 0.1, send_verify_lens: bool = False,
+                 explore: float = 0.0, decision_interval_s: float = 0.1, send_verify_lens: bool = True,
                  max_requests: int = 1024, max_batch_tokens: int = 8192) -> None:
         import logging
 
@@ -297,6 +299,7 @@ class SimController:
         self.engines: dict[int, Any] = {}
         self.decisions: dict[int, tuple[float, Any]] = {}
         self._seq: dict[int, int] = {}
+        self._table_at: dict[int, float] = {}    # simulated time of the last curve sent, per engine
 
     def _engine(self, idx: int) -> Any:
         eng = self.engines.get(idx)
@@ -337,7 +340,15 @@ class SimController:
         last = self.decisions.get(idx)
         if last is None or now - last[0] >= self.interval:
             eng.num_requests = int(R)
+            # Controller.decide attaches its curve when R or the profile changed, else once per
+            # profile_publish_s on the host's clock (time.monotonic()); here that period runs on
+            # simulated time, so what a seeded run decides cannot depend on how fast the host is
+            sent = self._table_at.get(idx)
+            due = sent is None or now - sent >= self.ctrl.config.profile_publish_s
+            eng.table_sent_at = -math.inf if due else math.inf
             d = self.ctrl.decide(eng)
+            if d.sps_table is not None:
+                self._table_at[idx] = now
             eng.decision_seq = d.seq
             eng.last_decision = d
             # the worker's client carries the last curve forward, exactly so
@@ -479,7 +490,7 @@ class OraclePolicy(Policy):
 
 def make_policy(name: str, *, backend: Backend, gamma: int, engine_idx: int, shared: dict,
                 upstream_table: Optional[dict], max_running: int, seed: int, sla_floor: Optional[float],
-                controller_explore: float, send_verify_lens: bool = False,
+                controller_explore: float, send_verify_lens: bool = True,
                 brain_config: Optional[BrainConfig] = None) -> Policy:
     """Build one engine's policy; ``shared`` holds per-run objects shared across engines."""
     if name == "nospec":

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import textwrap
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -49,30 +51,102 @@ def _by_policy(results: Sequence[Any]) -> dict[str, list]:
     return out
 
 
+def _wrap(title: str, width: int = 95) -> str:
+    """``title`` broken into lines of at most ``width`` characters (nothing cut off)."""
+    return "\n".join(textwrap.wrap(title, width=width, break_long_words=False)) or title
+
+
+# offsets (points) tried in turn for a point label: above right first, then around the point,
+# then a little further out
+_LABEL_OFFSETS = ((4, 4), (4, -11), (-13, 4), (-13, -11), (7, -3), (-17, -3), (-3, 8), (-3, -15),
+                  (9, 9), (9, -16), (-19, 9), (-19, -16), (12, -3), (-23, -3))
+
+
+def _place_labels(ax: Any, fig: Any, points: Sequence[tuple[float, float, str, Any]],
+                  avoid: list) -> int:
+    """Label each point ``(x, y, text, colour)`` at the first offset of ``_LABEL_OFFSETS`` whose
+    text box stays inside the axes and overlaps neither an earlier label nor ``avoid``
+    (display-space boxes: the legend, other texts, the plotted points and curves); a point
+    with no free offset stays unlabelled. Call once the layout is final (the boxes are in
+    display space). Returns the number of labels placed."""
+    renderer = fig.canvas.get_renderer()
+    taken = np.asarray([b.extents for b in avoid], dtype=np.float64).reshape(-1, 4)   # x0 y0 x1 y1
+    axbox = ax.get_window_extent(renderer)
+    placed = 0
+    for x, y, text, col in points:
+        for dx, dy in _LABEL_OFFSETS:
+            ann = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=7, color=col)
+            x0, y0, x1, y1 = ann.get_window_extent(renderer).expanded(1.08, 1.15).extents
+            inside = axbox.x0 <= x0 and x1 <= axbox.x1 and axbox.y0 <= y0 and y1 <= axbox.y1
+            hit = (taken[:, 0] < x1) & (x0 < taken[:, 2]) & (taken[:, 1] < y1) & (y0 < taken[:, 3])
+            if inside and not hit.any():
+                taken = np.vstack([taken, [x0, y0, x1, y1]])
+                placed += 1
+                break
+            ann.remove()
+    return placed
+
+
+def _point_boxes(ax: Any, xy: Sequence[tuple[float, float]], half_px: float = 4.0) -> list:
+    """Display-space boxes around plotted points (markers of size 5 are ~8 px at 120 dpi)."""
+    from matplotlib.transforms import Bbox
+
+    if not len(xy):
+        return []
+    return [Bbox.from_bounds(px - half_px, py - half_px, 2 * half_px, 2 * half_px)
+            for px, py in ax.transData.transform(list(xy))]
+
+
+def _line_boxes(ax: Any, xy: Sequence[tuple[float, float]], step_px: float = 3.0) -> list:
+    """Small display-space boxes every ``step_px`` along a polyline (a label must not sit on
+    a curve either)."""
+    from matplotlib.transforms import Bbox
+
+    pts = ax.transData.transform(list(xy)) if len(xy) else np.zeros((0, 2))
+    out = []
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        n = max(1, int(math.hypot(x1 - x0, y1 - y0) / step_px))
+        for t in np.linspace(0.0, 1.0, n + 1):
+            out.append(Bbox.from_bounds(x0 + t * (x1 - x0) - 1, y0 + t * (y1 - y0) - 1, 2, 2))
+    return out
+
+
 def plot_frontier(results: Sequence[Any], out: str, *, title: str, anchors: Sequence[float] = (),
                   modelled: bool = True, sla_floor: Optional[float] = None) -> str:
-    """Aggregate tokens/s vs tokens/s per user (paper Figure 7 shape), one line per policy."""
+    """Aggregate tokens/s vs tokens/s per user (paper Figure 7 shape), one line per policy.
+
+    The title is wrapped, never cut; the load levels of ``online`` and ``mtp1`` label their
+    points where a label fits without covering another label, a point or the legend."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(9.5, 6.2))
+    fig, ax = plt.subplots(figsize=(9.5, 6.6))
+    labelled: list[tuple[float, float, str, Any]] = []
     for pol, rs in _by_policy(results).items():
         lab, col, mk, ls = _label(pol, sla_floor)
         x = [r.per_user for r in rs]
         y = [r.throughput for r in rs]
         ax.plot(x, y, linestyle=ls, marker=mk or None, color=col, label=lab, ms=5, lw=1.6)
         if pol in ("online", "mtp1"):
-            for r in rs:
-                ax.annotate(f"{r.level:g}", (r.per_user, r.throughput), textcoords="offset points", xytext=(4, 4),
-                            fontsize=7, color=col)
+            labelled += [(r.per_user, r.throughput, f"{r.level:g}", col) for r in rs]
+    ax.margins(x=0.04, y=0.06)
     for s in anchors:
         ax.axvline(s, color="#d62728", lw=0.8, ls=":")
-        ax.text(s, ax.get_ylim()[1] * 0.98, f" {s:g} tok/s/user", color="#d62728", fontsize=8, va="top")
     ax.set_xlabel("tokens/s per user (decode rate of a running request)")
     ax.set_ylabel("aggregate output tokens/s")
-    ax.set_title(title + ("\nMODELLED (simulated), not measured" if modelled else "\nsimulated from a measured profile"),
-                 fontsize=10)
+    ax.set_title(_wrap(title) + ("\nMODELLED (simulated), not measured" if modelled
+                                 else "\nsimulated from a measured profile"), fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
+    leg = ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
+    ymax = ax.get_ylim()[1]
+    for s in anchors:   # after the layout: the limits are final
+        ax.text(s, ymax, f" {s:g} tok/s/user", color="#d62728", fontsize=8, va="top")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    avoid = [leg.get_window_extent(renderer)] + [t.get_window_extent(renderer) for t in ax.texts]
+    avoid += _point_boxes(ax, [(r.per_user, r.throughput) for r in results])   # every policy's points
+    for rs in _by_policy(results).values():                                       # ... and curves
+        avoid += _line_boxes(ax, [(r.per_user, r.throughput) for r in rs])
+    _place_labels(ax, fig, labelled, avoid)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)
@@ -102,9 +176,9 @@ def plot_budget(results: Sequence[Any], out: str, *, title: str, gamma: int, mod
     ax2.set_ylabel("tokens per request per step (tau, bonus included)")
     ax.set_title("verify budget per request vs load", fontsize=10)
     ax2.set_title("accepted tokens per step", fontsize=10)
-    ax.legend(fontsize=7, loc="lower left")
-    fig.suptitle(title + (" | MODELLED (simulated)" if modelled else " | simulated from a measured profile"),
-                 fontsize=10)
+    ax.legend(fontsize=7, loc="center left")   # the lower left holds the MTP-1 line
+    fig.suptitle(_wrap(title + (" | MODELLED (simulated)" if modelled else " | simulated from a measured profile"),
+                       130), fontsize=10)
     fig.tight_layout()
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
@@ -138,7 +212,7 @@ def plot_timeline(timelines: Sequence[Any], out: str, *, title: str, modelled: b
     axes[3].axhline(5, color="#999999", lw=0.8, ls="--")
     axes[3].set_xlabel("decode steps (engine 0); dotted line: the true curve moves")
     axes[0].legend(fontsize=8)
-    axes[0].set_title(title + (" | MODELLED (simulated)" if modelled else ""), fontsize=10)
+    axes[0].set_title(_wrap(title + (" | MODELLED (simulated)" if modelled else ""), 110), fontsize=10)
     fig.tight_layout()
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
@@ -205,7 +279,6 @@ def write_outputs(out_dir: str, *, scenario: Any, cost_desc: dict, results: Sequ
     d.mkdir(parents=True, exist_ok=True)
     paths: dict[str, str] = {}
     title = f"{scenario.name}: {scenario.description}" if scenario.description else scenario.name
-    title = title if len(title) < 110 else title[:107] + "..."
     floor = scenario.sla_floor
     if results:
         paths["frontier"] = plot_frontier(results, str(d / f"{prefix}frontier.png"), title=title,

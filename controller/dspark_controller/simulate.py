@@ -37,6 +37,7 @@ request vs concurrency (Figure 8), a drift timeline, tables, and throughput at S
 
 from __future__ import annotations
 
+import argparse
 import heapq
 import json
 import math
@@ -243,7 +244,8 @@ class Scenario:
     sla_floor: Optional[float] = 80.0        # the 'sla' policy's floor (tokens/s per user)
     anchors: list = field(default_factory=lambda: [80.0, 120.0])
     controller_explore: float = 0.03         # explore_prob of the controller policies
-    send_verify_lens: bool = False           # telemetry as the worker sends it today (no verify_lens)
+    send_verify_lens: bool = True            # telemetry with verify_lens, as the worker sends it since
+                                             # 23b6a16 (False: the older telemetry, a what-if)
     upstream_table: Any = "static-probe"     # 'static-probe' (measured at start) | path | dict
     lag_steps: int = 2
     # our worker's SGLANG_DSPARK_FULL_BUDGET_STATIC (default on for CPU devices): its steps whose
@@ -1032,8 +1034,10 @@ def add_subcommand(sub: Any) -> None:
                    help="worker: run sglang_dspark.budget.BudgetBrain and SGLang's own budget/top-K code "
                         "(imports SGLang, ~15 s); planner: dspark_controller.planner only; auto: worker if "
                         "SGLang imports (default)")
-    p.add_argument("--send-verify-lens", action="store_true",
-                   help="controller telemetry includes verify_lens (the worker does not send them today)")
+    p.add_argument("--send-verify-lens", action=argparse.BooleanOptionalAction, default=None,
+                   help="controller telemetry includes each request's verify length, as the worker's "
+                        "ControllerLink sends it (the scenario's default: on); --no-send-verify-lens "
+                        "simulates the older telemetry without it")
     p.add_argument("--no-frontier", action="store_true", help="skip the load sweep (timeline only)")
     p.add_argument("--drift-scale", type=float, default=None, help="timeline: whole curve x this mid-run, e.g. 1.3")
     p.add_argument("--drift-marginal", type=float, default=None,
@@ -1089,8 +1093,8 @@ def _cmd_simulate(args: Any) -> int:
         over["sla_floor"] = args.sla_floor
     if args.anchors is not None:
         over["anchors"] = _csv(args.anchors, float, "--anchors")
-    if args.send_verify_lens:
-        over["send_verify_lens"] = True
+    if args.send_verify_lens is not None:
+        over["send_verify_lens"] = bool(args.send_verify_lens)
     sc = replace(sc, **over) if over else sc
     policies = _csv(args.policies, str, "--policies") or list(DEFAULT_POLICIES)
     bad = [p for p in policies if p not in POLICY_NAMES]

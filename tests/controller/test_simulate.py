@@ -103,6 +103,76 @@ def test_same_seed_same_result_and_decision_quality_is_one_for_the_oracle():
     assert max(q) == pytest.approx(1.0) and min(q) < 1.0
 
 
+def _comparable(blob: dict) -> dict:
+    """A results.json without what describes the host (wall seconds) or the command line (its
+    --out folder) rather than the simulation."""
+    blob = json.loads(json.dumps(blob))
+    blob["meta"].pop("elapsed_s", None)
+    blob["meta"].pop("command", None)
+    for r in blob["results"]:
+        r.pop("wall_s", None)
+    for tl in blob["timelines"]:
+        tl.get("summary", {}).pop("wall_s", None)
+    return blob
+
+
+def test_seeded_runs_do_not_depend_on_the_host_clock(monkeypatch):
+    """The in-process controller re-sends its curve once per ``profile_publish_s``, which the
+    real Controller measures with time.monotonic(); the simulator runs that period on
+    simulated time, so a racing host clock and a frozen one make the same decisions (curve
+    attached at the same steps) and the same numbers, every policy."""
+    import types
+
+    import dspark_controller.server as srv
+
+    sc = _gpu(levels=[8, 48], steps=150, warmup_steps=50)
+    pols = ["upstream", "online", "controller", "sla", "oracle"]
+    real_decide = srv.Controller.decide
+
+    def run(clock):
+        log = []
+
+        def decide(self, eng):
+            d = real_decide(self, eng)
+            log.append((eng.engine_id, d.num_requests, d.budget_tokens, d.sps_table is not None,
+                        d.sps_additive is not None))
+            return d
+        monkeypatch.setattr(srv, "time", types.SimpleNamespace(monotonic=clock, time=clock,
+                                                               perf_counter=srv.time.perf_counter))
+        monkeypatch.setattr(srv.Controller, "decide", decide)
+        res = [r.to_dict() for r in run_frontier(sc, policies=pols, backend="planner")]
+        monkeypatch.undo()
+        for r in res:
+            r.pop("wall_s")
+        return res, log
+
+    ticks = iter(range(1 << 40))
+    racing, racing_log = run(lambda: 10.0 * next(ticks))      # 10 s of host time per call
+    frozen, frozen_log = run(lambda: 1000.0)
+    assert any(x[3] for x in frozen_log) and not all(x[3] for x in frozen_log)
+    assert racing_log == frozen_log
+    assert racing == frozen
+
+
+def test_same_seed_same_results_file_in_two_processes(tmp_path, monkeypatch):
+    """The CLI twice with one seed (different hash seeds, so set/dict-of-str order cannot
+    matter): identical results.json but for wall time, frontier and drift timeline, every
+    DSpark policy; another seed differs."""
+    args = ["simulate", "--scenario", "gpu-8b-h100", "--levels", "4,32", "--steps", "80", "--policies",
+            "upstream,online,controller,sla,oracle", "--budget-code", "planner", "--drift-scale", "1.3",
+            "--concurrency", "16", "--timeline-steps", "160", "--timeline-policies", "online,controller",
+            "--quiet", "--json"]
+    blobs = []
+    for i, (hash_seed, seed) in enumerate((("1", "3"), ("2", "3"), ("1", "4"))):
+        monkeypatch.setenv("PYTHONHASHSEED", hash_seed)
+        out = tmp_path / f"run{i}"
+        r = run_cli(*args, "--seed", seed, "--out", str(out), timeout=240)
+        assert r.returncode == 0, r.stderr
+        blobs.append(_comparable(json.loads((out / "results.json").read_text())))
+    assert blobs[0] == blobs[1]
+    assert blobs[0]["results"] != blobs[2]["results"]
+
+
 # ------------------------------------------------------------------ what the simulator must show
 def test_speculation_pays_at_low_load_and_budgets_fall_with_concurrency():
     sc = _gpu(levels=[1, 4, 16, 64, 128], steps=400, warmup_steps=200)
