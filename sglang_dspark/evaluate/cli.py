@@ -21,7 +21,7 @@ from sglang_dspark.evaluate.metrics import (acceptance_summary, finite_or_none,
 from sglang_dspark.evaluate.prompts import PromptSetError, load_prompts
 from sglang_dspark.evaluate.rollout import (VERIFY_MODES, EngineConfig, PromptJob, RolloutError,
                                             draft_gamma, job_to_dict, run_rollouts,
-                                            validate_model_dirs)
+                                            validate_model_dirs, validate_pair)
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -47,7 +47,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
-def check_engine_args(p: argparse.ArgumentParser, args) -> None:
+def check_engine_args(p: argparse.ArgumentParser, args, pair: bool = True) -> None:
+    """Exit 2 (``p.error``) on a bad engine option or model directory; ``pair``: also run the
+    draft/target checks SGLang's start-up would (:func:`check_pair`)."""
     if args.max_new_tokens < 1:
         p.error("--max-new-tokens must be >= 1")
     if args.block_size is not None and not 1 <= args.block_size <= 16:
@@ -58,6 +60,17 @@ def check_engine_args(p: argparse.ArgumentParser, args) -> None:
         p.error("--max-running-requests must be >= 1")
     try:
         validate_model_dirs(args.target, args.draft)
+    except RolloutError as e:
+        p.error(str(e))
+    if pair:
+        check_pair(p, args)
+
+
+def check_pair(p: argparse.ArgumentParser, args) -> None:
+    """Exit 2 before any engine starts when the draft does not fit the target (hidden size,
+    vocabulary, tensors, ``target_layer_ids``: ``sglang_dspark.checkpoint``)."""
+    try:
+        validate_pair(args.target, args.draft)
     except RolloutError as e:
         p.error(str(e))
 
@@ -93,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    check_engine_args(p, args)
+    check_engine_args(p, args, pair=False)     # the cheap checks first; the pair's below
     if any(t < 0 for t in args.temperature):
         p.error("--temperature values must be >= 0")
     if len(set(args.temperature)) != len(args.temperature):
@@ -104,6 +117,7 @@ def main(argv=None) -> int:
         prompts = load_prompts(args.prompts, limit=args.num_prompts)
     except PromptSetError as e:
         p.error(str(e))
+    check_pair(p, args)
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)

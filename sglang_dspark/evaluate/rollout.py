@@ -97,6 +97,22 @@ def validate_model_dirs(target: str, draft: str) -> None:
                            f"{cfg.get('architectures')}, expected ['Qwen3DSparkModel'])")
 
 
+def validate_pair(target: str, draft: str) -> None:
+    """The checks SGLang's start-up runs on a draft through our plugin
+    (:func:`sglang_dspark.checkpoint.validate_draft`: hidden size, vocabulary, tensors,
+    ``target_layer_ids``), here before any engine starts; a pair that fails them would
+    otherwise end inside the engine with a traceback. Reads configs and safetensors
+    headers only (it imports SGLang's config code)."""
+    validate_model_dirs(target, draft)
+    from sglang_dspark.checkpoint import DraftCheckpointError, validate_draft
+
+    try:
+        validate_draft(draft, target)
+    except DraftCheckpointError as e:
+        raise RolloutError(f"{e} Pass the draft trained for this target (--draft) or its "
+                           "target (--target).") from None
+
+
 def draft_gamma(draft: str, block_size: Optional[int]) -> int:
     if block_size:
         return int(block_size)
@@ -154,7 +170,7 @@ def read_capture(path: str | Path) -> list[dict]:
 
 def run_rollouts(cfg: EngineConfig, jobs: list[PromptJob], work_dir: str | Path) -> list[JobResult]:
     """Start one SGLang engine (DSPARK, our worker, capture on), run every job, shut down."""
-    validate_model_dirs(cfg.target, cfg.draft)
+    validate_pair(cfg.target, cfg.draft)
     labels = [j.label for j in jobs]
     if len(set(labels)) != len(labels):
         raise RolloutError(f"job labels must be unique, got {labels}")

@@ -2,28 +2,28 @@
 says what to fix."""
 
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from sglang_dspark.evaluate.prompts import PromptSetError, load_prompts
 
+PAIR = Path(__file__).resolve().parents[2] / "models" / "tiny-stdlib"   # committed, valid
+
 
 def _cli(module, *args, tmp_path):
     return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True,
-                          text=True, timeout=120, cwd=tmp_path)
+                          text=True, timeout=600, cwd=tmp_path)   # validation imports SGLang
 
 
 @pytest.fixture
-def fake_pair(tmp_path):
-    t, d = tmp_path / "t", tmp_path / "d"
-    t.mkdir()
-    d.mkdir()
-    (t / "config.json").write_text("{}")
-    (d / "config.json").write_text(json.dumps({"architectures": ["Qwen3DSparkModel"],
-                                               "block_size": 4}))
-    return t, d
+def fake_pair():
+    """A pair that passes every check made before the engine (the committed tiny pair), so
+    each test below fails on the one input it breaks."""
+    return PAIR / "target", PAIR / "draft"
 
 
 def test_load_prompts_errors_name_the_line(tmp_path):
@@ -78,6 +78,38 @@ def test_evaluate_missing_files(tmp_path, fake_pair):
     r = _cli("sglang_dspark.evaluate", "--target", t, "--draft", d, "--prompts", f,
              "--temperature", "-1", "--out", tmp_path / "o", tmp_path=tmp_path)
     assert r.returncode == 2 and "temperature" in r.stderr
+
+
+def test_evaluate_mismatched_pair_exits_2_before_any_engine(tmp_path, fake_pair):
+    """A draft whose hidden size does not match the target: exit 2 with the checkpoint
+    validator's message, before any engine starts (no traceback)."""
+    t, d = fake_pair
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"turns": ["x"]}\n')
+    wide = tmp_path / "wide-target"
+    shutil.copytree(t, wide)
+    cfg = json.loads((wide / "config.json").read_text())
+    assert cfg["hidden_size"] == 128
+    (wide / "config.json").write_text(json.dumps(dict(cfg, hidden_size=256)))
+    for module in ("sglang_dspark.evaluate", "sglang_dspark.calibrate"):
+        r = _cli(module, "--target", wide, "--draft", d, "--prompts", f, "--out", tmp_path / "o",
+                 tmp_path=tmp_path)
+        assert r.returncode == 2, (module, r.stderr[-2000:])
+        assert "hidden_size mismatch: draft 128 vs target 256" in r.stderr, r.stderr[-2000:]
+        assert "--draft" in r.stderr and "Traceback" not in r.stderr
+        assert not (tmp_path / "o" / "capture.jsonl").exists()
+    # a draft with a tensor missing: the same exit, naming the tensor
+    broken = tmp_path / "broken-draft"
+    broken.mkdir()
+    (broken / "config.json").write_text((d / "config.json").read_text())
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(d / "model.safetensors"))
+    tensors.pop("norm.weight")
+    save_file(tensors, str(broken / "model.safetensors"))
+    r = _cli("sglang_dspark.evaluate", "--target", t, "--draft", broken, "--prompts", f,
+             "--out", tmp_path / "o", tmp_path=tmp_path)
+    assert r.returncode == 2 and "missing tensors ['norm.weight']" in r.stderr, r.stderr[-2000:]
 
 
 def test_calibrate_input_errors(tmp_path, fake_pair):
