@@ -4,14 +4,11 @@
 ``policy``: the budget policy's host cost per decode step at R = 1 .. 256 running
 requests: the decision (``budget``) and the step-time learning (``observe``) of the
 simulator's ``online`` policy (:func:`dspark_controller.sim_policies.make_policy`),
-which is the worker's policy code. With SGLang importable (``--backend worker``, or
-``auto``) the decision is the worker's own ``sglang_dspark.budget.BudgetBrain``;
-without SGLang (the GPU machine of run_gpu_bench.sh) it is ``PlannerBrain``, the
-SGLang-free transcription of ``BudgetBrain.decide`` (same branches, same planner
-functions of :mod:`dspark_controller.planner`, same :class:`SpsModel` learning; the
-simulator's tests check the two agree step for step), and the table says which ran.
-Not timed: what only the worker does around it (SGLang's lagged-survival relay, the
-survival calibration, telemetry to a controller).
+which runs the worker's own policy object, :class:`dspark_controller.policy.BudgetPolicy`
+(numpy only: the same code with or without SGLang; survival calibration and admission
+gain included), and :class:`SpsModel` learning.  Not timed: what only the worker does
+around it (SGLang's lagged-survival relay and its copy to numpy, telemetry to a
+controller).
 
 ``summary A.json B.json ...``: one table from the result files of
 ``gpu_kernel_bench.py`` (check and timing runs) and of ``policy``; exit status 1 when
@@ -56,7 +53,7 @@ def policy_host_cost(args) -> dict:
     from dspark_controller.sim_policies import make_policy, resolve_backend
 
     backend = resolve_backend(args.policy_backend)
-    brain_name = "BudgetBrain (worker, SGLang)" if backend.name == "worker" else "PlannerBrain (SGLang-free)"
+    brain_name = "BudgetPolicy (dspark_controller.policy)"
     gamma = int(args.policy_gamma)
     rows = []
 
@@ -198,7 +195,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     pol = sub.add_parser("policy", help="the budget policy's host cost per step")
-    pol.add_argument("--smoke", action="store_true", help="R = 1,4,16, few steps, SGLang-free brain")
+    pol.add_argument("--smoke", action="store_true", help="R = 1,4,16, few steps, no SGLang import")
     pol.add_argument("--rs", dest="policy_rs", type=_ints, default=None,
                      help="running requests R (default 1,2,4,...,256; smoke: 1,4,16)")
     pol.add_argument("--steps", dest="policy_steps", type=int, default=None,
@@ -207,8 +204,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help="untimed steps per R first (default 300; smoke: 30)")
     pol.add_argument("--gamma", dest="policy_gamma", type=int, default=7)
     pol.add_argument("--backend", dest="policy_backend", choices=("auto", "planner", "worker"), default=None,
-                     help="auto: the worker's BudgetBrain when SGLang imports, else PlannerBrain "
-                          "(default auto; smoke: planner)")
+                     help="the simulator backend around the policy (the policy is the same in both; "
+                          "worker imports SGLang for its top-K; default auto; smoke: planner)")
     pol.add_argument("--json", default=None, help="write results here")
     summ = sub.add_parser("summary", help="one table from result files")
     summ.add_argument("files", nargs="+")

@@ -26,7 +26,7 @@ class WorkerMetrics:
                               "Mean accepted draft tokens per request, latest step", **g)
         self.step_seconds = Gauge("sglang_dspark:step_seconds", "Latest decode step time", **g)
         self.profile_error = Gauge("sglang_dspark:profile_rel_error",
-                                   "Relative error of the profile's prediction, latest step", **g)
+                                   "Relative error of the profile's prediction, latest step (a fraction: 0.05 = 5%)", **g)
         self.controller_connected = Gauge("sglang_dspark:controller_connected",
                                           "1 if the controller link is connected", **g)
         self.decisions = Counter("sglang_dspark:budget_decisions",

@@ -99,15 +99,17 @@ _TCP = re.compile(r"^tcp://(\*|\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+):([0-9]{1,5})
 
 
 def zmq_address(raw: str) -> str:
-    """A ZeroMQ endpoint we can connect to: ``tcp://HOST:PORT``, ``ipc://PATH`` or
-    ``inproc://NAME``; raises ValueError with what to write otherwise."""
+    """A ZeroMQ endpoint a worker can connect to: ``tcp://HOST:PORT`` or ``ipc://PATH``
+    (not ``inproc://``: the controller runs in another process); raises ValueError with
+    what to write otherwise.  The controller's client checks the same rules in full
+    (``dspark_controller`` ``endpoints.check_endpoint``)."""
     hint = "write tcp://HOST:PORT (e.g. tcp://127.0.0.1:7150) or ipc://PATH"
     m = _TCP.match(raw)
     if m:
         if not 0 < int(m.group(2)) < 65536:
             raise ValueError(hint)
         return raw
-    if (raw.startswith("ipc://") or raw.startswith("inproc://")) and raw.split("://", 1)[1]:
+    if raw.startswith("ipc://") and raw[len("ipc://"):]:
         return raw
     raise ValueError(hint)
 

@@ -94,6 +94,26 @@ class PlanPolicy:
                           frac=get("frac"), max_tokens=get("max_tokens"),
                           explore_prob=float(get("explore_prob", 0.0) or 0.0))
 
+    @property
+    def verify_all(self) -> bool:
+        """``off``: verify every draft token."""
+        return self.mode == "off"
+
+    @property
+    def fixed_frac(self) -> Optional[float]:
+        """``fixed``: the fraction of all draft tokens to verify (else None)."""
+        return float(self.frac) if self.mode == "fixed" else None
+
+    @property
+    def cap(self) -> Optional[int]:
+        """``cap``: at most this many draft tokens (else None)."""
+        return int(self.max_tokens) if self.mode == "cap" else None
+
+    @property
+    def sla_floor(self) -> Optional[float]:
+        """``sla``: the per-user tokens/s floor the plan must keep (else None)."""
+        return float(self.floor_tok_s) if self.mode == "sla" else None
+
     def describe(self) -> str:
         if self.mode == "sla":
             return f"sla(floor={self.floor_tok_s:g} tok/s/user)"
@@ -555,8 +575,8 @@ def plan_lagged(confidences: Any, sps: SpsFn, *, lagged_confidences: Any = None,
 
 
 # ------------------------------------------------------------------ worker-side budget rules
-# Shared by the worker (sglang_dspark.budget.BudgetBrain) and the simulator's SGLang-free
-# brain (sim_policies.PlannerBrain), so both take the same decisions by construction.
+# Used by the one policy (dspark_controller.policy.BudgetPolicy), which the worker and the
+# simulator both run.
 def survival_to_confidences(survival: Any) -> np.ndarray:
     """Per-position conditional confidences from cumulative survival rows ``[R, positions]``."""
     s = np.nan_to_num(np.asarray(survival, dtype=np.float64), nan=0.0, posinf=1.0, neginf=0.0)
@@ -709,7 +729,8 @@ PROBE_PROB = 0.05      # share of the local policy's steps that probe a neighbou
 PROBE_STEP = 0.25      # ... a quarter of all draft tokens above or below the chosen one
 
 
-def probe_budget(k: int, *, full: int, rng: Any) -> Optional[int]:
+def probe_budget(k: int, *, full: int, rng: Any, prob: float = PROBE_PROB,
+                 step: float = PROBE_STEP) -> Optional[int]:
     """A neighbouring budget for this step instead of the policy's ``k``, or None (most steps).
 
     The profile decides by the slope of step time in B around the budget it chose, and its
@@ -727,10 +748,10 @@ def probe_budget(k: int, *, full: int, rng: Any) -> Optional[int]:
     if full < 2:
         return None
     u = float(rng.random())
-    if u >= PROBE_PROB:
+    if u >= prob:
         return None
-    delta = max(1, int(round(PROBE_STEP * full)))
-    up = u < 0.5 * PROBE_PROB and int(k) < full
+    delta = max(1, int(round(step * full)))
+    up = u < 0.5 * prob and int(k) < full
     k2 = int(k) + delta if up else int(k) - delta
     k2 = min(max(k2, 0), full - 1)
     return None if k2 == int(k) else k2
@@ -855,7 +876,7 @@ def learn_step_time(model: Any, times: UniformTimes, brain: Any, *, num_req: int
                     step_s: float, uniform: bool) -> None:
     """A worker's measured step time, routed as ``DSparkControlledWorker`` does (and the
     simulator's policies, through this same function): uniform-path steps update the per-R
-    average ``times`` (what ``BudgetBrain._uniform_if_better`` compares), and count for
+    average ``times`` (what ``BudgetPolicy._uniform_if_better`` compares), and count for
     ``brain``'s exploration schedule when the profile ``model`` (None: none) does not take
     them; the other steps, and uniform ones while the profile is not ready, feed the profile."""
     fed = model is not None and profile_takes_step(model, uniform)
@@ -916,11 +937,11 @@ def budget_from_controller(d: Any, *, num_req: int, full: int, rng: Any,
         return full, None
     mode = getattr(d.policy, "mode", None)
     if d.budget_frac is not None and mode == "fixed":
-        return min(cap, int(float(d.budget_frac) * full)), None
+        return min(cap, fraction_budget(d.budget_frac, full)), None
     # the controller's own K assumes every request has the engine's mean acceptance
     sps = fleet.sps_function(num_req) if fleet is not None and fleet.ready else d.sps_function(num_req)
     if sps is None and d.budget_frac is not None:
-        return min(cap, int(float(d.budget_frac) * full)), None
+        return min(cap, fraction_budget(d.budget_frac, full)), None
     if sps is not None:
         out = plan(sps, getattr(d.policy, "floor_tok_s", None) if mode == "sla" else None)
         return min(cap, int(out.budget)), out
@@ -930,6 +951,13 @@ def budget_from_controller(d: Any, *, num_req: int, full: int, rng: Any,
 
 
 # ------------------------------------------------------------------ overrides
+def fraction_budget(frac: float, full: int) -> int:
+    """The budget of a fixed fraction: ``floor(frac * full)``, robust to the binary
+    rounding of ``frac`` (0.29 of 100 is 29).  Every fixed-fraction rule uses it: the
+    operator's forced fraction, the ``fixed`` policy, an A/B arm."""
+    return max(0, int(math.floor(float(frac) * int(full) + 1e-9)))
+
+
 def plan_fixed_fraction(confidences: Any, sps: SpsFn, *, frac: float, algorithm: str = "fixed") -> Plan:
     """Verify ``floor(frac * total draft positions)`` tokens, the top ones by live a."""
     if not 0.0 <= float(frac) <= 1.0:
@@ -937,7 +965,7 @@ def plan_fixed_fraction(confidences: Any, sps: SpsFn, *, frac: float, algorithm:
     prepared = _prepare(confidences)
     surv = prepared[0]
     n = int(prepared[1].size)
-    K = int(math.floor(float(frac) * n + 1e-9))
+    K = fraction_budget(frac, n)
     lengths = _top_k_lengths(prepared, K)
     _, sps_at = _sps_cached(sps, len(surv), 0)
     expl = [f"fixed fraction {frac:g} of {n} draft positions -> K={K}, top-K by survival "
@@ -962,12 +990,11 @@ def plan(confidences: Any, sps: SpsFn, *, policy: Any = None, algorithm: str = "
     pol = PlanPolicy.from_spec(policy)
     if algorithm not in ("exact", "lagged"):
         raise PlanError(f"unknown algorithm {algorithm!r}; use 'exact' (Algorithm 1) or 'lagged'")
-    if pol.mode == "off":
+    if pol.verify_all:
         return plan_verify_all(confidences, sps)
-    if pol.mode == "fixed":
-        return plan_fixed_fraction(confidences, sps, frac=float(pol.frac), algorithm=algorithm)
-    cap = pol.max_tokens if pol.mode == "cap" else None
-    floor = pol.floor_tok_s if pol.mode == "sla" else None
+    if pol.fixed_frac is not None:
+        return plan_fixed_fraction(confidences, sps, frac=pol.fixed_frac, algorithm=algorithm)
+    cap, floor = pol.cap, pol.sla_floor
     if algorithm == "exact":
         return plan_exact(confidences, sps, max_tokens=cap, sla_floor=floor, max_trace=max_trace,
                           policy=pol.describe())

@@ -8,7 +8,9 @@
 3. the draft-token budget K the scheduler would pick per load (``compute_lagged_budget``
    over this profile), one line per representative per-position confidence;
 4. expected generated tokens per second at that budget, against verifying every draft
-   token and against no speculation.
+   token.  No "no speculation" line: a speculative profile's t(R, B = R) still pays the
+   draft forward, so R / t(R, R) is not what plain decoding costs; the profile holds no
+   measured plain-decode or no-draft step times to draw it from.
 
 :func:`plot_diff` draws two profiles' fits over each other and their relative difference.
 """
@@ -97,9 +99,6 @@ def plot_profile(lp: LoadedProfile, out: str, *, confidences: Sequence[float] = 
                      label=f"c={c:g} chosen K")
         ax_gain.plot(x, [d["verify_all_tok_s"] for d in rr], ":", color=plt.get_cmap("tab10")(j),
                      label=f"c={c:g} verify all")
-    if rows:
-        rr = [d for d in rows if d["confidence"] == float(confidences[0])]
-        ax_gain.plot([d["R"] for d in rr], [d["no_spec_tok_s"] for d in rr], "k--", lw=1, label="no speculation")
     for ax in (ax_k, ax_gain):
         ax.set_xscale("log", base=2)
         ax.set_xticks(levels)

@@ -482,8 +482,7 @@ def budget_rows(lp: LoadedProfile, confidences: Sequence[float], *,
                         "frac": lb.budget_tokens / (r * g), "step_ms": 1e3 / float(sps(int(lb.batch_tokens))),
                         "expected_tokens_per_step": float(lb.expected_tau),
                         "throughput_tok_s": float(lb.predicted_throughput),
-                        "verify_all_tok_s": tau_all / t_all,
-                        "no_spec_tok_s": r / float(lp.model.predict_step_time(int(r), int(r)))})
+                        "verify_all_tok_s": tau_all / t_all})
     return out
 
 

@@ -25,7 +25,6 @@ Nothing a peer sends can stop the loop: bad input is dropped, counted by reason
 from __future__ import annotations
 
 import logging
-import math
 import signal
 import threading
 import time
@@ -40,7 +39,7 @@ import zmq
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .endpoints import DEFAULT_BASE, ConfigError, Endpoints, load_curve_keypair, require_safe_bind
-from .planner import PlanError, compute_lagged_budget, profile_takes_step
+from .planner import PlanError, PlanPolicy, compute_lagged_budget, fraction_budget, profile_takes_step
 from .profile_file import (ErrorMetrics, ProfileFile, SpsModelState, default_profiles_dir,
                            describe_validation_error, looks_like_profile, make_provenance, profile_path,
                            save_profile)
@@ -630,14 +629,15 @@ class Controller:
             additive = SpsAdditiveTable(**model.to_sglang_additive_table())
             eng.table_sent_at = now
             eng.table_profile_seq = prof.publish_seq
-        if pol.mode == "off":
+        rule = PlanPolicy.from_spec(pol)    # the planner's one mode dispatcher (CLI plan uses it too)
+        if rule.verify_all:
             return BudgetDecision(**common, verify_all=True, budget_tokens=full, budget_frac=1.0, sps_table=table,
                                   sps_additive=additive, reason="policy off: verify every draft token")
-        if pol.mode == "fixed":
-            k = int(math.floor(float(pol.frac) * full + 1e-9))
-            return BudgetDecision(**common, budget_tokens=k, budget_frac=float(pol.frac), sps_table=table,
-                                  sps_additive=additive, reason=f"fixed fraction {pol.frac:g} of {full} draft tokens")
-        cap = pol.max_tokens if pol.mode == "cap" else None
+        if rule.fixed_frac is not None:
+            return BudgetDecision(**common, budget_tokens=fraction_budget(rule.fixed_frac, full),
+                                  budget_frac=rule.fixed_frac, sps_table=table, sps_additive=additive,
+                                  reason=f"fixed fraction {pol.frac:g} of {full} draft tokens")
+        cap = rule.cap
         if not model.ready:
             return BudgetDecision(**common, verify_all=True, budget_tokens=None if cap is None else min(cap, full),
                                   max_budget_tokens=cap,
@@ -648,7 +648,7 @@ class Controller:
                                   sps_additive=additive, reason="no running requests")
         acc = eng.acceptance()
         confidences = np.tile(acc, (R, 1))
-        floor = pol.floor_tok_s if pol.mode == "sla" else None
+        floor = rule.sla_floor
         try:
             lb = compute_lagged_budget(confidences, model.sps_function(R), max_tokens=cap, sla_floor=floor)
         except PlanError as exc:

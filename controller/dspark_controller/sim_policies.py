@@ -5,159 +5,46 @@ Every DSpark policy chooses a draft-token budget K per step from *lagged* surviv
 SGLang's ``HostConfidenceBudgetPlanner._two_steps_prior_survival``), and the step then
 verifies the global top-K of the live survival products.
 
-Two code paths ("backends") run the same decisions:
+K comes from the worker's own policy object, :class:`dspark_controller.policy.BudgetPolicy`
+(the one the worker's ``OnlineBudgetPlanner`` calls: exploration, controller decision,
+local online :class:`SpsModel`, probes, the uniform-path gate with admission gain, survival
+calibration), fed back after each step as the worker feeds it (``observe_step`` and
+``learn_step_time``).  Two "backends" differ only in SGLang's own pieces:
 
 ``worker``
-    the worker's own objects: :class:`sglang_dspark.budget.BudgetBrain` (controller
-    decision -> local online :class:`SpsModel` with the worker's exploration schedule ->
-    ``None``), SGLang 0.5.23's ``compute_verify_token_budget`` with an ``SpsCostTable``
-    for ``upstream``, and SGLang's ``schedule_verify_lens_topk_from_survival`` for the live
+    SGLang 0.5.23's ``compute_verify_token_budget`` with an ``SpsCostTable`` for
+    ``upstream``, and SGLang's ``schedule_verify_lens_topk_from_survival`` for the live
     top-K admission. Importing them imports SGLang (10-25 s).
 ``planner``
-    no SGLang import: :func:`dspark_controller.planner.compute_lagged_budget` (which is the
-    function ``BudgetBrain`` calls) for K, :func:`~dspark_controller.planner.plan_lagged`
-    for the top-K, and :class:`PlannerBrain`, a line-for-line transcription of
-    ``BudgetBrain.decide`` (same source order, same ``random.Random`` draws), so both
-    backends produce the same budgets step for step; ``tests/controller/test_simulate.py``
-    checks that against the real ``BudgetBrain`` when SGLang is importable.
+    no SGLang import: :func:`dspark_controller.planner.compute_lagged_budget` over the
+    table for ``upstream`` and :func:`~dspark_controller.planner.plan_lagged` for the top-K.
 
 The ``controller`` and ``sla`` policies run the real
 :class:`dspark_controller.server.Controller` in-process (no sockets): simulated steps go
 through ``Controller._on_step`` as ``StepTelemetry`` (the fields the worker's
 ``ControllerLink.publish`` sends), decisions come from ``Controller.decide`` every
 ``decision_interval_s`` of simulated time, and the worker side applies them through
-``BudgetBrain`` (``_from_controller``).
+``BudgetPolicy`` (``_from_controller``).
 """
 
 from __future__ import annotations
 
 import math
-import random
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .planner import (UniformTimes, _operator_pinned, budget_from_controller, compute_lagged_budget,
-                      controller_allows_uniform, explore_budget, explore_now, learn_step_time, local_theta,
-                      plan_lagged, prefer_uniform, probe_budget, sps_from_pairs, survival_to_confidences, uniform_throughput)
+from .planner import (UniformTimes, compute_lagged_budget, learn_step_time, plan_lagged, sps_from_pairs,
+                      survival_to_confidences)
+from .policy import BudgetPolicy, PolicyConfig
 
-__all__ = ["Backend", "PlannerBrain", "make_policy", "POLICY_NAMES", "BrainConfig", "SimController",
-           "resolve_backend"]
+__all__ = ["Backend", "make_policy", "POLICY_NAMES", "SimController", "resolve_backend"]
 
 POLICY_NAMES = ("nospec", "mtp1", "verify_all", "upstream", "online", "controller", "sla", "oracle")
 
 
 # ------------------------------------------------------------------ backends
-@dataclass(frozen=True)
-class BrainConfig:
-    """Mirror of ``sglang_dspark.budget.BudgetConfig`` defaults (the worker's schedule)."""
-
-    decision_max_age_s: float = 2.0
-    explore_prob_young: float = 0.25
-    young_steps: int = 200
-    explore_prob: float = 0.03
-    explore_prob_settled: float = 0.01
-    explore_until_steps: int = 5000
-    seed: int = 0
-
-
-class _Decision:
-    """The subset of ``VerifyBudgetDecision`` the simulator reads."""
-
-    __slots__ = ("budget", "predicted_theta", "predicted_step_seconds")
-
-    def __init__(self, budget: int, predicted_theta: Optional[float] = None,
-                 predicted_step_seconds: Optional[float] = None) -> None:
-        self.budget = int(budget)
-        self.predicted_theta = predicted_theta
-        self.predicted_step_seconds = predicted_step_seconds
-
-
-class PlannerBrain:
-    """``BudgetBrain.decide`` without SGLang (same branches, same RNG calls, same planner)."""
-
-    def __init__(self, *, local_model: Any, config: BrainConfig = BrainConfig(),
-                 latest_decision: Optional[Callable[[float], Any]] = None, enabled: bool = True,
-                 uniform_step_time: Optional[Callable[[int], Optional[float]]] = None,
-                 fleet_model: Optional[Callable[[], Any]] = None) -> None:
-        self.local_model = local_model
-        self.fleet_model = fleet_model
-        self.config = config
-        self.latest_decision = latest_decision
-        self.enabled = enabled
-        self.uniform_step_time = uniform_step_time
-        self.uniform_steps = 0
-        self.sources: Counter = Counter()
-        self.boundary_checks = 0
-        self._rng = random.Random(config.seed)
-
-    def decide(self, survival: np.ndarray, *, max_len: int) -> Optional[_Decision]:
-        if not self.enabled or survival.size == 0:
-            return None
-        num_req = int(survival.shape[0])
-        full = int(survival[:, :max_len].size)
-        model = self.local_model
-        decision = self.latest_decision(self.config.decision_max_age_s) if self.latest_decision else None
-        if model is not None and not _operator_pinned(decision):
-            if explore_now(self.config, model, steps=model.steps + self.uniform_steps,
-                           num_req=num_req, full=full, rng=self._rng):
-                return self._note("explore", _Decision(explore_budget(model, num_req=num_req, full=full,
-                                                                      rng=self._rng)))
-        if decision is not None:
-            out = self._from_controller(decision, survival, max_len, num_req, full)
-            if out is not None:
-                return self._note("controller", out)
-        if model is None:
-            return None
-        if not model.ready:
-            return None
-        planned = self._argmax(survival, max_len, model.sps_function(num_req))
-        k = self._uniform_or(planned, survival, max_len, num_req, full)
-        k2 = probe_budget(k, full=full, rng=self._rng)
-        if k2 is not None:
-            return self._note("probe", _Decision(k2))
-        return self._note("local", _Decision(k))
-
-    def _uniform_or(self, planned: _Decision, survival: np.ndarray, max_len: int, num_req: int, full: int) -> int:
-        """``planned``'s K, or every token when the measured uniform path gives more (as the worker)."""
-        k = planned.budget
-        if self.uniform_step_time is not None and k < full and planned.predicted_theta is not None:
-            theta_u = uniform_throughput(survival[:, :max_len], num_req=num_req,
-                                         uniform_step_s=self.uniform_step_time(num_req))
-            uniform, checked = prefer_uniform(theta_u, planned.predicted_theta, model=self.local_model,
-                                              num_req=num_req, budget=k, rng=self._rng)
-            self.boundary_checks += int(checked)
-            if uniform:
-                return full
-        return k
-
-    def _from_controller(self, d: Any, survival: np.ndarray, max_len: int, num_req: int, full: int):
-        r = budget_from_controller(d, num_req=num_req, full=full, rng=self._rng,
-                                   plan=lambda sps, floor: self._argmax(survival, max_len, sps, sla_floor=floor),
-                                   fleet=self.fleet_model() if self.fleet_model is not None else None)
-        if r is None:
-            return None
-        k, planned = r
-        if planned is not None and controller_allows_uniform(d):
-            priced = _Decision(k, local_theta(planned.predicted_theta, planned.predicted_step_seconds,
-                                              model=self.local_model, num_req=num_req, budget=k))
-            k = self._uniform_or(priced, survival, max_len, num_req, full)
-        return _Decision(k)
-
-    @staticmethod
-    def _argmax(survival: np.ndarray, max_len: int, sps: Any, sla_floor: Optional[float] = None) -> _Decision:
-        conf = survival_to_confidences(survival[:, :max_len])
-        lb = compute_lagged_budget(conf, sps, sla_floor=sla_floor)
-        s = float(sps(lb.batch_tokens)) if lb.batch_tokens else 0.0
-        return _Decision(lb.budget_tokens, float(lb.predicted_throughput), (1.0 / s) if s > 0 else None)
-
-    def _note(self, source: str, d: _Decision) -> _Decision:
-        self.sources[source] += 1
-        return d
-
-
 class Backend:
     """Where budgets and admissions are computed (see the module docstring)."""
 
@@ -173,32 +60,23 @@ class Backend:
                                                                                  compute_verify_token_budget)
             from sglang.srt.speculative.dspark_components.dspark_sps import SpsCostTable
 
-            from sglang_dspark.budget import BudgetBrain, BudgetConfig
-
             self._torch = torch
             self._topk = schedule_verify_lens_topk_from_survival
             self._cfg_cls = DSparkScheduleConfig
             self._sglang_budget = compute_verify_token_budget
             self._table_cls = SpsCostTable
-            self._brain_cls = BudgetBrain
-            self._brain_cfg_cls = BudgetConfig
 
-    # ---- K from a lagged survival array [R, gamma]
-    def brain(self, *, local_model: Any, config: BrainConfig, latest_decision: Any = None,
-              uniform_step_time: Any = None, fleet_model: Any = None) -> Any:
-        if self.name == "worker":
-            cfg = self._brain_cfg_cls(**config.__dict__)
-            return self._brain_cls(local_model=local_model, config=cfg, latest_decision=latest_decision,
-                                   uniform_step_time=uniform_step_time, fleet_model=fleet_model)
-        return PlannerBrain(local_model=local_model, config=config, latest_decision=latest_decision,
+    # ---- K from a lagged survival array [R, gamma]: the worker's policy object, either backend
+    @staticmethod
+    def brain(*, local_model: Any, config: PolicyConfig, latest_decision: Any = None,
+              uniform_step_time: Any = None, fleet_model: Any = None) -> BudgetPolicy:
+        return BudgetPolicy(local_model=local_model, config=config, latest_decision=latest_decision,
                             uniform_step_time=uniform_step_time, fleet_model=fleet_model)
 
-    def brain_decide(self, brain: Any, survival: np.ndarray, gamma: int) -> Optional[int]:
-        if self.name == "worker":
-            d = brain.decide(self._torch.from_numpy(np.ascontiguousarray(survival, dtype=np.float32)),
-                             max_len=gamma + 1)
-        else:
-            d = brain.decide(survival.astype(np.float32), max_len=gamma + 1)
+    @staticmethod
+    def brain_decide(brain: BudgetPolicy, survival: np.ndarray, gamma: int) -> Optional[int]:
+        # float32, as SGLang's planner hands the worker its survival
+        d = brain.decide(np.asarray(survival, dtype=np.float32), max_len=gamma + 1)
         return None if d is None else int(d.budget)
 
     def upstream_table(self, table: dict) -> Any:
@@ -404,7 +282,7 @@ class UpstreamPolicy(Policy):
 
 
 class OnlinePolicy(Policy):
-    """Our worker without a controller: ``BudgetBrain`` over its own online ``SpsModel``."""
+    """Our worker without a controller: ``BudgetPolicy`` over its own online ``SpsModel``."""
 
     worker_brain = True      # our worker's planning path (Scenario.full_budget_static applies)
 
@@ -414,24 +292,32 @@ class OnlinePolicy(Policy):
     def decision_model(self) -> Any:
         return self.model
 
-    def __init__(self, backend: Backend, model: Any, config: BrainConfig) -> None:
+    def __init__(self, backend: Backend, model: Any, config: PolicyConfig) -> None:
         super().__init__()
         self.backend = backend
         self.model = model
         self.uniform_s = UniformTimes(model)
         self.brain = backend.brain(local_model=model, config=config, uniform_step_time=self.uniform_s.get)
+        self._last: Optional[tuple] = None      # (survival used, expected drafts) of the last decision
 
     def budget(self, *, now, R, gamma, lagged_survival, true_sps):
         k = self.backend.brain_decide(self.brain, lagged_survival, gamma)
         if k is None:
             self.sources["verify_all"] += 1
+        # as the worker: the survival its decision read (also when the fallback verified all)
+        self._last = (self.brain.last_survival, self.brain.last_pred_drafts)
         return k
 
     def observe(self, *, now, R, B, t, accepted, lengths, uniform=False):
-        self._learn(R, B, t, uniform)
+        self._learn(R, B, t, accepted, lengths, uniform)
 
-    def _learn(self, R: int, B: int, t: float, uniform: bool) -> None:
-        """What the worker's telemetry hook does with a step's time (the same function)."""
+    def _learn(self, R: int, B: int, t: float, accepted: np.ndarray, lengths: np.ndarray, uniform: bool) -> None:
+        """What the worker's telemetry hook does with a finished step (the same calls): the
+        policy's calibration and admission gain (a uniform-path step has no per-request
+        verify lengths in the worker, so it does not calibrate), then the step time."""
+        survival, pred = self._last if self._last is not None else (None, None)
+        self.brain.observe_step(survival=None if uniform else survival, accepted=[int(x) for x in accepted],
+                                verified=[int(x) for x in lengths], pred_drafts=pred, uniform=uniform)
         learn_step_time(self.model, self.uniform_s, self.brain, num_req=R, batch_tokens=B, step_s=t,
                         uniform=uniform)
 
@@ -444,7 +330,7 @@ class OnlinePolicy(Policy):
 class ControllerPolicy(OnlinePolicy):
     """Our worker with the controller: decisions from the in-process ``Controller``."""
 
-    def __init__(self, backend: Backend, model: Any, config: BrainConfig, ctrl: SimController, engine_idx: int,
+    def __init__(self, backend: Backend, model: Any, config: PolicyConfig, ctrl: SimController, engine_idx: int,
                  name: str) -> None:
         Policy.__init__(self)
         self.name = name
@@ -459,6 +345,7 @@ class ControllerPolicy(OnlinePolicy):
         # here the controller object is at hand (its model, not a published snapshot)
         self.brain = backend.brain(local_model=model, config=config, latest_decision=self._latest,
                                    uniform_step_time=self.uniform_s.get, fleet_model=lambda: self.ctrl.model)
+        self._last = None
 
     @property
     def decision_model(self) -> Any:
@@ -474,7 +361,7 @@ class ControllerPolicy(OnlinePolicy):
         return super().budget(now=now, R=R, gamma=gamma, lagged_survival=lagged_survival, true_sps=true_sps)
 
     def observe(self, *, now, R, B, t, accepted, lengths, uniform=False):
-        self._learn(R, B, t, uniform)
+        self._learn(R, B, t, accepted, lengths, uniform)
         self.ctrl.observe(self.idx, now, R, B, t, accepted, lengths, uniform=uniform)
 
 
@@ -491,7 +378,7 @@ class OraclePolicy(Policy):
 def make_policy(name: str, *, backend: Backend, gamma: int, engine_idx: int, shared: dict,
                 upstream_table: Optional[dict], max_running: int, seed: int, sla_floor: Optional[float],
                 controller_explore: float, send_verify_lens: bool = True,
-                brain_config: Optional[BrainConfig] = None) -> Policy:
+                brain_config: Optional[PolicyConfig] = None) -> Policy:
     """Build one engine's policy; ``shared`` holds per-run objects shared across engines."""
     if name == "nospec":
         return _Fixed("nospec", "nospec")
@@ -505,7 +392,7 @@ def make_policy(name: str, *, backend: Backend, gamma: int, engine_idx: int, sha
         if upstream_table is None:
             raise ValueError("policy 'upstream' needs a static table")
         return UpstreamPolicy(backend, upstream_table)
-    cfg = brain_config or BrainConfig(seed=seed + engine_idx)
+    cfg = brain_config or PolicyConfig(seed=seed + engine_idx)
     from sglang_dspark.link import local_model_for
 
     model = local_model_for(max_requests=max_running, max_batch_tokens=max_running * (gamma + 1))

@@ -49,7 +49,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from .sim_policies import POLICY_NAMES, Backend, BrainConfig, make_policy, resolve_backend
+from .policy import PolicyConfig
+from .sim_policies import POLICY_NAMES, Backend, make_policy, resolve_backend
 from .sim_roofline import CostModel, Drift, ProfileCost, RooflineCost, build_roofline
 
 __all__ = ["PAPER_TAU", "acceptance_from_tau", "Domain", "LengthDist", "Workload", "Scenario", "SCENARIOS",
@@ -246,6 +247,9 @@ class Scenario:
     controller_explore: float = 0.03         # explore_prob of the controller policies
     send_verify_lens: bool = True            # telemetry with verify_lens, as the worker sends it since
                                              # 23b6a16 (False: the older telemetry, a what-if)
+    # overrides of the policy's PolicyConfig (dspark_controller.policy), e.g. {"probe": false}:
+    # an ablation of our policy is a scenario setting
+    policy_config: dict = field(default_factory=dict)
     upstream_table: Any = "static-probe"     # 'static-probe' (measured at start) | path | dict
     lag_steps: int = 2
     # our worker's SGLANG_DSPARK_FULL_BUDGET_STATIC (default on for CPU devices): its steps whose
@@ -800,7 +804,8 @@ def _make_engines(sc: Scenario, cost: CostModel, policy: str, backend: Backend, 
     for i in range(sc.engines):
         pol = make_policy(policy, backend=backend, gamma=sc.gamma, engine_idx=i, shared=shared,
                           upstream_table=table, max_running=sc.max_running, seed=seed, sla_floor=sc.sla_floor,
-                          controller_explore=sc.controller_explore, send_verify_lens=sc.send_verify_lens)
+                          controller_explore=sc.controller_explore, send_verify_lens=sc.send_verify_lens,
+                          brain_config=PolicyConfig(**{"seed": seed + i, **sc.policy_config}))
         engines.append(_Engine(i, pol, sc.max_running, kv))
     return engines
 
@@ -1031,7 +1036,7 @@ def add_subcommand(sub: Any) -> None:
     p.add_argument("--sla-floor", type=float, help="floor (tokens/s per user) of the 'sla' policy")
     p.add_argument("--anchors", help="per-user SLA anchors for the throughput table, e.g. 80,120")
     p.add_argument("--budget-code", choices=("auto", "worker", "planner"), default="auto",
-                   help="worker: run sglang_dspark.budget.BudgetBrain and SGLang's own budget/top-K code "
+                   help="worker: run the one policy (dspark_controller.policy.BudgetPolicy) with SGLang's own budget/top-K code "
                         "(imports SGLang, ~15 s); planner: dspark_controller.planner only; auto: worker if "
                         "SGLang imports (default)")
     p.add_argument("--send-verify-lens", action=argparse.BooleanOptionalAction, default=None,
@@ -1106,7 +1111,7 @@ def _cmd_simulate(args: Any) -> int:
     say = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     be = resolve_backend(args.budget_code)
     say(f"scenario {sc.name}; budget code: {be.name} "
-        f"({'sglang_dspark.budget.BudgetBrain + SGLang planner/top-K' if be.name == 'worker' else 'dspark_controller.planner'})")
+        f"({'BudgetPolicy + SGLang table/top-K' if be.name == 'worker' else 'BudgetPolicy + dspark_controller.planner'})")
     cost = build_cost(sc)
     t0 = _time.perf_counter()
     results: list[LevelResult] = []

@@ -1,0 +1,340 @@
+"""The budget policy: one object that chooses each step's draft-token budget K.
+
+Numpy in, a frozen :class:`Decision` out; no torch, no SGLang.  The worker's
+``OnlineBudgetPlanner`` (``sglang_dspark.budget``) converts SGLang's tensors to numpy and
+the decision to SGLang's ``VerifyBudgetDecision``; the simulator's online and controller
+policies call the very same object.
+
+Call order per step (the worker and the simulator both follow it):
+
+1. ``decide(raw_survival, max_len=...)``: the lagged prefix survival ``[R, positions]``
+   (confidences relayed from earlier steps, never from this step's draft tokens) ->
+   :class:`Decision` or None (None: the caller's fallback decides: SGLang's table, or
+   verify-all without one; :attr:`BudgetPolicy.warming_up` says why);
+2. the step runs; then ``observe_step(...)`` with what it realised (accepted and verified
+   draft tokens per request) and ``learn_step_time`` (:mod:`.planner`) with its time.
+
+Sources of K, in order (``last_source``): exploration (``explore``), a fresh controller
+decision (``controller``), the local online profile (``local``, or ``probe`` when the
+probe strategy moves it); None otherwise.
+
+Strategies, each with its constants in :class:`PolicyConfig` and an off switch:
+
+* **calibration** -- the lagged survival is replaced by the rate at which such
+  predictions were realised (:class:`SurvivalCalibrator`);
+* **exploration** -- on a fraction of steps that shrinks as the step's profile row is
+  measured, a budget chosen to fill the row (:func:`.planner.explore_now`,
+  :func:`.planner.explore_budget`);
+* **uniform gate** -- verify every draft on SGLang's uniform path when its measured time
+  gives more expected tokens per second than the best ragged budget
+  (:func:`.planner.prefer_uniform`, with boundary re-checks at near ties);
+* **admission gain** -- that comparison scales each side's expected accepted drafts by
+  what such steps realised (:class:`.planner.AdmissionGain`);
+* **probes** -- a small share of the local choices move by a fixed step, so the profile's
+  row learns its own slope around the choice (:func:`.planner.probe_budget`).
+
+An ablation is a config change: ``PolicyConfig(probe=False)`` etc.
+
+Lossless: every input to K (lagged survival, profiles, controller decisions, the policy's
+private RNG and past outcomes) exists before the current step's draft tokens are sampled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from .planner import (PROBE_PROB, PROBE_STEP, AdmissionGain, _operator_pinned, admitted_theta,
+                      budget_from_controller, clean_survival, clip01, compute_lagged_budget,
+                      controller_allows_uniform, explore_budget, explore_now, lagged_budget_fast, local_theta,
+                      prefer_uniform, probe_budget, survival_to_confidences, uniform_throughput)
+
+__all__ = ["PolicyConfig", "Decision", "SurvivalCalibrator", "BudgetPolicy"]
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Every constant of the policy's strategies, and their off switches."""
+
+    decision_max_age_s: float = 2.0     # older controller decisions are ignored
+    # exploration (planner.exploration_probability)
+    explore: bool = True
+    explore_prob_young: float = 0.25    # random budget on this fraction of steps
+    young_steps: int = 200              # ... while the model has seen fewer steps,
+    explore_prob: float = 0.03          # then this fraction
+    explore_prob_settled: float = 0.01  # ... or this on a row whose ragged cells are measured
+    explore_until_steps: int = 5000     # ... until it has seen this many
+    # probes (planner.probe_budget)
+    probe: bool = True
+    probe_prob: float = PROBE_PROB
+    probe_step: float = PROBE_STEP
+    # the uniform-path comparison and its correction
+    uniform_gate: bool = True
+    admission: bool = True
+    # survival calibration (SurvivalCalibrator)
+    calibration: bool = True
+    calibration_bins: int = 10
+    calibration_prior_weight: float = 8.0
+    calibration_half_life: float = 2000.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("explore_prob_young", "explore_prob", "explore_prob_settled", "probe_prob", "probe_step"):
+            v = getattr(self, name)
+            if not 0.0 <= float(v) <= 1.0:
+                raise ValueError(f"PolicyConfig.{name} must be in [0, 1], got {v!r}")
+        if not self.decision_max_age_s > 0:
+            raise ValueError(f"PolicyConfig.decision_max_age_s must be > 0, got {self.decision_max_age_s!r}")
+
+    def with_fixed_exploration(self, p: float) -> "PolicyConfig":
+        """A fixed share ``p`` of steps explores, replacing the young/settled schedule."""
+        return dataclasses.replace(self, explore_prob_young=p, explore_prob=p, explore_prob_settled=p,
+                                   explore_until_steps=1 << 62)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """K (draft tokens verified by the batch) and what the plan predicted for it."""
+
+    budget: int
+    predicted_step_seconds: Optional[float] = None
+    predicted_theta: Optional[float] = None
+
+
+class SurvivalCalibrator:
+    """Online calibration of the planner's lagged survival against realised acceptance.
+
+    Per draft position k and per bin of predicted survival, it counts how often the prefix
+    through k was accepted among requests whose verify window reached k, and replaces the
+    prediction by the bin's rate, shrunk towards the prediction with a pseudo count
+    (``prior_weight``); rows stay non-increasing along positions.  Counts are forgotten
+    with a half-life of ``half_life`` observations.  Lossless: it changes how many tokens
+    are verified, from outcomes of earlier steps only.  (Why: docs/worker.md, "Survival
+    calibration".)"""
+
+    def __init__(self, *, bins: int = 10, prior_weight: float = 8.0, half_life: float = 2000.0) -> None:
+        self.bins = int(bins)
+        self.prior_weight = float(prior_weight)
+        self.decay = 0.5 ** (1.0 / float(half_life))
+        self.n: Optional[np.ndarray] = None   # [gamma, bins] effective observations
+        self.a: Optional[np.ndarray] = None   # [gamma, bins] prefix accepted
+        self.observations = 0
+
+    def _ensure(self, gamma: int) -> None:
+        if self.n is None or self.n.shape[0] != gamma:
+            self.n = np.zeros((gamma, self.bins))
+            self.a = np.zeros((gamma, self.bins))
+            self._cols = np.arange(gamma)
+
+    def _bin(self, s: np.ndarray) -> np.ndarray:
+        """Survival bin per entry, for an array already in [0, 1] (:func:`clip01`)."""
+        return np.minimum((s * self.bins).astype(np.int64), self.bins - 1)
+
+    def apply(self, survival: np.ndarray) -> np.ndarray:
+        """Calibrated survival, same shape ``[R, gamma]``."""
+        s = clip01(survival)
+        if self.n is None or self.observations == 0 or s.shape[1] != self.n.shape[0]:
+            return s
+        b = self._bin(s)
+        n, a = self.n[self._cols, b], self.a[self._cols, b]
+        cal = (a + self.prior_weight * s) / (n + self.prior_weight)
+        return np.minimum.accumulate(np.clip(cal, 0.0, 1.0), axis=1)
+
+    def observe(self, survival: np.ndarray, accepted: Sequence[int], verified: Sequence[int]) -> None:
+        """``survival`` [R, gamma] as predicted for a step; per request the draft tokens that
+        step accepted and verified (prefix k is observed when ``verified > k``)."""
+        s = np.asarray(survival, dtype=np.float64)
+        if s.ndim != 2 or s.shape[0] != len(accepted) or len(accepted) != len(verified):
+            return
+        gamma = s.shape[1]
+        self._ensure(gamma)
+        acc = np.asarray(accepted, dtype=np.int64).reshape(-1, 1)
+        ver = np.asarray(verified, dtype=np.int64).reshape(-1, 1)
+        pos = np.arange(gamma).reshape(1, -1)
+        seen = ver > pos
+        if not seen.any():
+            return
+        cell = (pos * self.bins + self._bin(clip01(s)))[seen]  # flat (position, bin) index
+        size = gamma * self.bins
+        self.n *= self.decay
+        self.a *= self.decay
+        self.n += np.bincount(cell, minlength=size).reshape(gamma, self.bins)
+        self.a += np.bincount(cell, weights=(acc > pos)[seen].astype(np.float64),
+                              minlength=size).reshape(gamma, self.bins)
+        self.observations += int(seen.sum())
+
+    def summary(self) -> dict:
+        if self.n is None:
+            return {"observations": 0}
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rate = np.where(self.n > 0.5, self.a / self.n, np.nan)
+        mids = (np.arange(self.bins) + 0.5) / self.bins
+        return {"observations": self.observations,
+                "mean_abs_gap": (None if np.isnan(rate).all()
+                                 else round(float(np.nanmean(np.abs(rate - mids[None, :]))), 4))}
+
+
+class BudgetPolicy:
+    """Chooses K from the sources in the module docstring; keeps counters for observability.
+
+    ``local_model``: this engine's online :class:`~.sps_model.SpsModel` (None: no local
+    planning); ``latest_decision(max_age_s)``: the freshest controller decision or None;
+    ``uniform_step_time(R)``: measured seconds of a full-budget step on the uniform path
+    (:class:`.planner.UniformTimes`); ``fleet_model()``: the controller's whole profile."""
+
+    def __init__(self, *, local_model: Any, config: PolicyConfig = PolicyConfig(),
+                 latest_decision: Optional[Callable[[float], Any]] = None, enabled: bool = True,
+                 uniform_step_time: Optional[Callable[[int], Optional[float]]] = None,
+                 fleet_model: Optional[Callable[[], Any]] = None) -> None:
+        self.local_model = local_model
+        self.config = config
+        self.latest_decision = latest_decision
+        self.enabled = enabled
+        self.fleet_model = fleet_model
+        self.uniform_step_time = uniform_step_time if config.uniform_gate else None
+        self.admission: Optional[AdmissionGain] = AdmissionGain() if config.admission else None
+        self.calibrator: Optional[SurvivalCalibrator] = (
+            SurvivalCalibrator(bins=config.calibration_bins, prior_weight=config.calibration_prior_weight,
+                               half_life=config.calibration_half_life)
+            if config.calibration and enabled else None)
+        self.uniform_steps = 0      # steps the profile did not learn from (uniform path): they
+        #                             still count for the exploration schedule
+        self.sources: Counter = Counter()
+        self.boundary_checks = 0    # "uniform wins" steps that ran a thin ragged plan instead
+        self.errors = 0
+        self.last_source = "none"
+        self.warming_up = False     # the last decide() declined because the profile is young
+        self.last_pred_drafts: Optional[float] = None   # the local plan's expected accepted drafts
+        self.last_survival: Optional[np.ndarray] = None  # raw lagged survival of the last decision
+        self._rng = random.Random(config.seed)
+
+    # ------------------------------------------------------------------ decide
+    def calibrated(self, raw: np.ndarray, max_len: int) -> np.ndarray:
+        """The survival the plan uses: ``raw[:, :max_len]``, calibrated when that is on."""
+        raw = np.asarray(raw, dtype=np.float64)[:, :max_len]
+        self.last_survival = raw
+        return raw if self.calibrator is None else self.calibrator.apply(raw)
+
+    def decide(self, raw_survival: np.ndarray, *, max_len: int) -> Optional[Decision]:
+        """``raw_survival``: [R, positions] lagged prefix survival (numpy)."""
+        self.last_pred_drafts = None
+        self.warming_up = False
+        self.last_survival = None
+        if not self.enabled or raw_survival.shape[0] == 0 or raw_survival.shape[1] == 0:
+            return None
+        survival = self.calibrated(raw_survival, max_len)
+        num_req = int(survival.shape[0])
+        full = int(survival.size)
+        model = self.local_model
+        cfg = self.config
+        decision = self.latest_decision(cfg.decision_max_age_s) if self.latest_decision else None
+        # exploration first, whoever decides: it keeps the local fallback profile informed
+        # and puts the unseen budgets into the telemetry the controller learns from; not
+        # when the operator pinned the policy (off = verify all, or a fixed fraction)
+        if cfg.explore and model is not None and not _operator_pinned(decision):
+            if explore_now(cfg, model, steps=model.steps + self.uniform_steps,
+                           num_req=num_req, full=full, rng=self._rng):
+                k = explore_budget(model, num_req=num_req, full=full, rng=self._rng)
+                return self._note("explore", Decision(budget=k))
+        if decision is not None:
+            out = self._from_controller(decision, survival, num_req, full)
+            if out is not None:
+                return self._note("controller", out)
+        if model is None:
+            return None
+        if not model.ready:
+            self.warming_up = True      # the profile is young: the caller's fallback decides
+            return None
+        planned = self._argmax(survival, model.sps_function(num_req))
+        d = self._uniform_if_better(planned, survival, num_req, full, admitted=True)
+        if cfg.probe:
+            k2 = probe_budget(int(d.budget), full=full, rng=self._rng, prob=cfg.probe_prob, step=cfg.probe_step)
+            if k2 is not None:      # a neighbouring budget, so the row's slope is its own
+                return self._note("probe", Decision(budget=k2))
+        # what this step is expected to accept, before any admission correction (what
+        # AdmissionGain compares with the realised drafts)
+        if d.budget >= full:
+            self.last_pred_drafts = float(clip01(survival).sum())
+        elif planned.predicted_theta is not None and planned.predicted_step_seconds:
+            self.last_pred_drafts = max(planned.predicted_theta * planned.predicted_step_seconds - num_req, 0.0)
+        return self._note("local", d)
+
+    def _uniform_if_better(self, d: Decision, survival: np.ndarray, num_req: int, full: int,
+                           theta: Optional[float] = None, admitted: bool = False) -> Decision:
+        """Verify everything (the uniform path) when its measured step time gives more expected
+        tokens per second than the best ragged budget ``d`` (priced at ``theta`` when given,
+        else at its own prediction); ``d`` otherwise.  ``admitted``: each side's expected
+        drafts are scaled by what such steps realised (local plans only: their step time is
+        the local profile's)."""
+        theta = d.predicted_theta if theta is None else theta
+        if self.uniform_step_time is None or d.budget >= full or theta is None:
+            return d
+        t_u = self.uniform_step_time(num_req)
+        theta_u = uniform_throughput(survival, num_req=num_req, uniform_step_s=t_u)
+        if admitted and self.admission is not None:
+            theta = admitted_theta(theta, d.predicted_step_seconds, num_req=num_req,
+                                   factor=self.admission.factor(uniform=False))
+            theta_u = admitted_theta(theta_u, t_u, num_req=num_req, factor=self.admission.factor(uniform=True))
+        uniform, checked = prefer_uniform(theta_u, theta, model=self.local_model,
+                                          num_req=num_req, budget=d.budget, rng=self._rng)
+        self.boundary_checks += int(checked)
+        if uniform:
+            return Decision(budget=full, predicted_step_seconds=float(t_u), predicted_theta=theta_u)
+        return d
+
+    def _from_controller(self, d: Any, survival: np.ndarray, num_req: int, full: int) -> Optional[Decision]:
+        # the fleet's learned curve is planned here with this step's calibrated survival
+        r = budget_from_controller(d, num_req=num_req, full=full, rng=self._rng,
+                                   plan=lambda sps, floor: self._argmax(survival, sps, sla_floor=floor),
+                                   fleet=self.fleet_model() if self.fleet_model is not None else None)
+        if r is None:
+            return None
+        k, planned = r
+        if planned is None:
+            return Decision(budget=k)
+        out = Decision(budget=k, predicted_step_seconds=planned.predicted_step_seconds,
+                       predicted_theta=planned.predicted_theta)
+        # the fleet's curve is one monotone curve in B too: this engine's measured uniform
+        # path may still beat its best ragged budget; both sides of that comparison are
+        # priced by this engine's own measurements (local_theta)
+        if controller_allows_uniform(d):
+            theta = local_theta(out.predicted_theta, out.predicted_step_seconds,
+                                model=self.local_model, num_req=num_req, budget=k)
+            return self._uniform_if_better(out, survival, num_req, full, theta=theta)
+        return out
+
+    @staticmethod
+    def _argmax(survival: np.ndarray, sps: Any, sla_floor: Optional[float] = None) -> Decision:
+        if sla_floor is None:   # the hot path: same K as compute_lagged_budget, fewer host ops
+            k, theta, s = lagged_budget_fast(clean_survival(survival), sps)
+            return Decision(budget=k, predicted_step_seconds=(1.0 / s) if s > 0 else None, predicted_theta=theta)
+        lb = compute_lagged_budget(survival_to_confidences(survival), sps, sla_floor=sla_floor)
+        s = float(sps(lb.batch_tokens)) if lb.batch_tokens else 0.0
+        return Decision(budget=int(lb.budget_tokens), predicted_step_seconds=(1.0 / s) if s > 0 else None,
+                        predicted_theta=float(lb.predicted_throughput))
+
+    def note(self, source: str) -> None:
+        """Count a step whose K someone else chose (forced, an A/B arm, SGLang's fallback)."""
+        self.sources[source] += 1
+        self.last_source = source
+
+    def _note(self, source: str, d: Decision) -> Decision:
+        self.note(source)
+        return d
+
+    # ------------------------------------------------------------------ observe
+    def observe_step(self, *, survival: Optional[np.ndarray], accepted: Optional[Sequence[int]],
+                     verified: Optional[Sequence[int]], pred_drafts: Optional[float], uniform: bool) -> None:
+        """What a finished step realised: ``survival`` the raw lagged survival its decision
+        used (:attr:`last_survival` at the time), per request the accepted and verified
+        draft tokens, and ``pred_drafts`` the drafts its local plan expected."""
+        if (survival is not None and accepted is not None and verified is not None
+                and self.calibrator is not None):
+            self.calibrator.observe(survival, accepted, verified)
+        if pred_drafts is not None and accepted is not None and self.admission is not None:
+            self.admission.observe(pred_drafts, float(sum(accepted)), uniform=uniform)

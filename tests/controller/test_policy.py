@@ -1,0 +1,587 @@
+"""dspark_controller.policy: the one budget policy (worker, controller mode, simulator)."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dspark_controller.planner import UniformTimes
+from dspark_controller.policy import BudgetPolicy, Decision, PolicyConfig
+
+sys.path.insert(0, str(Path(__file__).parent))
+from policy_replay import GAMMA, fresh_model, learn, replay  # noqa: E402
+
+DATA = Path(__file__).parent / "data" / "policy_replay.json"
+
+
+def _run(config: PolicyConfig = PolicyConfig()):
+    model = fresh_model()
+    uniform_s = UniformTimes(model)
+    pol = BudgetPolicy(local_model=model, config=config, uniform_step_time=uniform_s.get)
+
+    def step(raw, R):
+        d = pol.decide(raw, max_len=GAMMA)
+        src = pol.last_source if d is not None else ("warmup" if pol.warming_up else "none")
+        pred = pol.last_pred_drafts
+        used = pol.last_survival
+
+        def observe(*, accepted, verified, uniform, num_req, batch_tokens, step_s):
+            pol.observe_step(survival=used if d is not None else None, accepted=accepted, verified=verified,
+                             pred_drafts=pred, uniform=uniform)
+            learn(model, uniform_s, pol, num_req=num_req, batch_tokens=batch_tokens, step_s=step_s,
+                  uniform=uniform)
+        return (None if d is None else int(d.budget)), src, pred, observe
+
+    return replay(step), pol
+
+
+def test_replay_gives_the_budgets_recorded_before_the_policy_was_one_object():
+    rows, pol = _run()
+    want = json.loads(DATA.read_text())["rows"]
+    assert len(rows) == len(want)
+    diff = [(i, a, b) for i, (a, b) in enumerate(zip(rows, want)) if a != b]
+    assert not diff, diff[:5]
+    # the trace exercises every strategy
+    srcs = {r[2] for r in rows}
+    assert {"local", "probe", "explore", "warmup"} <= srcs
+    assert pol.calibrator.observations > 0 and pol.admission.summary()
+
+
+@pytest.mark.parametrize("off", ["probe", "explore", "uniform_gate", "admission", "calibration"])
+def test_each_strategy_has_an_off_switch_that_changes_what_it_owns(off):
+    rows, pol = _run(PolicyConfig(**{off: False}))
+    srcs = {r[2] for r in rows}
+    if off == "probe":
+        assert "probe" not in srcs
+    if off == "explore":
+        assert "explore" not in srcs
+    if off == "uniform_gate":
+        assert pol.uniform_step_time is None
+    if off == "admission":
+        assert pol.admission is None
+    if off == "calibration":
+        assert pol.calibrator is None
+    assert rows != json.loads(DATA.read_text())["rows"]
+
+
+def test_decision_is_frozen_and_config_validated():
+    d = Decision(budget=3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        d.budget = 4
+    with pytest.raises(ValueError, match="probe_prob"):
+        PolicyConfig(probe_prob=1.5)
+    with pytest.raises(ValueError, match="decision_max_age_s"):
+        PolicyConfig(decision_max_age_s=0)
+    assert PolicyConfig().with_fixed_exploration(0.0).explore_prob == 0.0
+
+
+def test_declines_without_a_ready_model():
+    pol = BudgetPolicy(local_model=fresh_model())
+    assert pol.decide(np.ones((2, GAMMA)), max_len=GAMMA) is None and pol.warming_up
+    assert BudgetPolicy(local_model=None).decide(np.ones((2, GAMMA)), max_len=GAMMA) is None
+
+
+def test_policy_module_imports_no_torch_and_no_sglang():
+    code = ("import sys, dspark_controller.policy; "
+            "bad = [m for m in ('torch', 'sglang', 'sglang_dspark', 'zmq') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# The policy's strategies one by one, and the planner helpers they use (moved here from
+# tests/unit/test_budget.py when BudgetBrain and the simulator's PlannerBrain became this
+# one object).  ``_old(...)`` is the config the old worker brain ran with: no calibration
+# and no admission gain unless a test turns them on, so the expectations stand as written.
+from dspark_controller.planner import survival_to_confidences  # noqa: E402
+from dspark_controller.policy import SurvivalCalibrator  # noqa: E402
+from dspark_controller.sps_model import SpsModel, SpsModelConfig  # noqa: E402
+
+
+def _old(**kw) -> PolicyConfig:
+    kw.setdefault("calibration", False)
+    kw.setdefault("admission", False)
+    return PolicyConfig(**kw)
+
+
+def _rows(conf: list[list[float]]) -> np.ndarray:
+    return np.cumprod(np.asarray(conf, dtype=np.float64), axis=1)
+
+
+def test_calibrator_learns_that_low_lagged_survival_is_usually_accepted():
+    rng = np.random.default_rng(0)
+    cal = SurvivalCalibrator(bins=10, prior_weight=8.0, half_life=1e9)
+    # predicted survival ~0.05 at every position, but 90% of the blocks are fully accepted
+    for _ in range(400):
+        s = np.full((4, 3), 0.05)
+        acc = np.where(rng.random(4) < 0.9, 3, 0)
+        cal.observe(s, acc.tolist(), [3, 3, 3, 3])
+    out = cal.apply(np.full((2, 3), 0.05))
+    assert out.shape == (2, 3)
+    assert np.all(out > 0.8) and np.all(out < 0.97), out
+    # cells without data keep the prediction (shrinkage prior)
+    high = cal.apply(np.full((1, 3), 0.95))
+    assert np.allclose(high, 0.95)
+
+
+def test_calibrator_counts_only_verified_positions_and_keeps_rows_monotone():
+    cal = SurvivalCalibrator(bins=4, prior_weight=1.0, half_life=1e9)
+    s = _rows([[0.9, 0.9, 0.9]])
+    for _ in range(50):
+        cal.observe(s, [1], [1])   # budget stopped after position 0: positions 1, 2 unobserved
+    assert cal.n[0].sum() == pytest.approx(50) and cal.n[1:].sum() == 0
+    out = cal.apply(s)
+    assert np.all(np.diff(out, axis=1) <= 1e-12)
+    # mismatched shapes (request order changed) are ignored, never raise
+    cal.observe(s, [1, 2], [3, 3])
+    assert cal.n[0].sum() == pytest.approx(50)
+
+
+def test_calibrator_is_identity_before_any_observation_and_nan_safe():
+    cal = SurvivalCalibrator()
+    s = np.array([[0.3, np.nan, 0.1]])
+    out = cal.apply(s)
+    assert np.isfinite(out).all() and out[0, 0] == pytest.approx(0.3)
+
+
+class _FlatModel:
+    """Stand-in SPS model: step time = 20 ms + 1 ms per verified token."""
+    ready = True
+    steps = 10_000
+
+    def sps_function(self, num_req):
+        return lambda b: 1.0 / (0.020 + 0.001 * np.asarray(b, dtype=np.float64))
+
+
+def test_policy_decides_from_float32_survival_as_from_float64():
+    """(The worker hands the policy ``budget._host_array`` of SGLang's float32 survival;
+    that conversion is tested in tests/unit/test_budget.py.)"""
+    pol = BudgetPolicy(local_model=_FlatModel(), config=_old(explore_prob_young=0, explore_prob=0))
+    s = _rows([[0.9, 0.8, 0.2, 0.1], [0.5, 0.5, 0.5, 0.5], [0.99, 0.99, 0.99, 0.99]])
+    a = pol.decide(s, max_len=4)
+    b = pol.decide(s.astype(np.float32).astype(np.float64), max_len=4)
+    assert a.budget == b.budget and 0 < a.budget <= 12
+    assert pol.sources["local"] == 2
+    # calibrated-up survival can only raise the chosen budget on the same cost curve
+    low = pol.decide(_rows([[0.3] * 4] * 3), max_len=4).budget
+    high = pol.decide(_rows([[0.95] * 4] * 3), max_len=4).budget
+    assert high >= low
+
+
+def test_survival_to_confidences_inverts_cumprod():
+    conf = np.array([[0.9, 0.5, 0.8], [1.0, 0.2, 0.0]])
+    back = survival_to_confidences(np.cumprod(conf, axis=1))
+    assert np.allclose(back[0], conf[0]) and np.allclose(back[1, :2], conf[1, :2])
+
+
+def test_policy_explores_under_a_learned_controller_curve_but_not_under_a_pinned_policy():
+    from types import SimpleNamespace
+
+    model = SpsModel()
+    for b in range(4, 21):
+        model.update(4, b, 0.01 + 0.001 * b)
+    surv = _rows([[0.9, 0.8, 0.7, 0.6]] * 4)
+    cfg = _old(explore_prob_young=1.0, young_steps=10 ** 9)     # every step explores, if allowed
+    for mode, explores in (("throughput", True), ("off", False), ("fixed", False)):
+        d = SimpleNamespace(policy=SimpleNamespace(mode=mode, floor_tok_s=None), explore_prob=0.0,
+                            verify_all=(mode == "off"), budget_frac=0.5, max_budget_tokens=None,
+                            num_requests=4, budget_tokens=8, sps_function=lambda r: None)
+        pol = BudgetPolicy(local_model=model, config=cfg, latest_decision=lambda _age: d)
+        pol.decide(surv, max_len=4)
+        assert (pol.last_source == "explore") == explores, (mode, pol.last_source)
+
+
+def _ragged_model() -> SpsModel:
+    """R = 1, 20 samples per ragged budget: each draft token costs 10 ms."""
+    model = SpsModel()
+    for _ in range(20):
+        for b in range(1, 6):
+            model.update(1, b, 0.02 + 0.01 * (b - 1))
+    return model
+
+
+def test_policy_takes_the_uniform_path_when_its_measured_step_is_cheaper():
+    model = _ragged_model()
+    surv = _rows([[0.9, 0.8, 0.7, 0.6]])
+    cfg = _old(explore_prob_young=0.0, explore_prob=0.0)
+    ragged = BudgetPolicy(local_model=model, config=cfg).decide(surv, max_len=4)
+    assert ragged.budget < 4                                           # the profile says: verify fewer
+    uniform = {1: 0.025}                                               # all 4 drafts for 25 ms (measured)
+    d = BudgetPolicy(local_model=model, config=cfg, uniform_step_time=uniform.get).decide(surv, max_len=4)
+    assert d.budget == 4 and d.predicted_theta > ragged.predicted_theta
+    slow = {1: 0.2}                                                    # uniform measured slower: keep ragged
+    d = BudgetPolicy(local_model=model, config=cfg, uniform_step_time=slow.get).decide(surv, max_len=4)
+    assert d.budget == ragged.budget
+    nothing = {}                                                       # no uniform step seen at this R
+    assert BudgetPolicy(local_model=model, config=cfg, uniform_step_time=nothing.get).decide(
+        surv, max_len=4).budget == ragged.budget
+
+
+def test_uniform_steps_count_for_the_exploration_schedule():
+    model = SpsModel()
+    for b in range(1, 6):                          # one sample per cell of the one-request row
+        model.update(1, b, 0.02 + 0.01 * (b - 1))
+    for b in range(8, 40, 2):                      # ready (16 more samples, elsewhere)
+        model.update(8, b, 0.05 + 0.001 * b)
+    cfg = _old(explore_prob_young=1.0, young_steps=100, explore_prob=0.0, explore_prob_settled=0.0)
+    pol = BudgetPolicy(local_model=model, config=cfg)
+    surv = _rows([[0.9, 0.8, 0.7, 0.6]])
+    pol.decide(surv, max_len=4)
+    assert pol.last_source == "explore"            # young: 21 profile steps, a thin row
+    pol.uniform_steps = 200                        # ... but 200 uniform-path steps seen since
+    pol.decide(surv, max_len=4)
+    assert pol.last_source == "local"
+
+
+def _controller_decision(model, *, mode="throughput", max_budget_tokens=None):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(policy=SimpleNamespace(mode=mode, floor_tok_s=None), explore_prob=0.0,
+                           verify_all=False, budget_frac=None, max_budget_tokens=max_budget_tokens,
+                           num_requests=1, budget_tokens=None, sps_function=model.sps_function)
+
+
+def test_controller_planned_budgets_also_take_the_cheaper_uniform_path_unless_capped_or_sla():
+    model = _ragged_model()                # the controller's curve: each draft token costs 10 ms
+    surv = _rows([[0.9, 0.8, 0.7, 0.6]])
+    cfg = _old(explore_prob_young=0.0, explore_prob=0.0)
+    uniform = {1: 0.025}                   # this engine measured all 4 drafts for 25 ms
+    cases = ((dict(), 4), (dict(max_budget_tokens=3), None), (dict(mode="sla"), None))
+    for kw, want in cases:
+        d = _controller_decision(model, **kw)
+        planned = BudgetPolicy(local_model=None, config=cfg, latest_decision=lambda _a: d).decide(surv, max_len=4)
+        pol = BudgetPolicy(local_model=None, config=cfg, latest_decision=lambda _a: d,
+                           uniform_step_time=uniform.get)
+        out = pol.decide(surv, max_len=4)
+        assert pol.last_source == "controller"
+        assert planned.budget < 4                                  # the curve alone: verify fewer
+        assert out.budget == (want if want is not None else planned.budget), kw
+
+
+def test_a_controller_decision_is_planned_on_the_controllers_whole_profile_when_one_arrived():
+    tables, whole = SpsModel(), SpsModel()
+    for _ in range(20):
+        for b in range(1, 6):
+            tables.update(1, b, 0.010 + 0.010 * (b - 1))   # what the decision's tables say: dear drafts
+            whole.update(1, b, 0.010 + 0.0005 * (b - 1))   # the profile itself: nearly free drafts
+    surv = _rows([[0.9, 0.8, 0.7, 0.6]])
+    cfg = _old(explore_prob_young=0.0, explore_prob=0.0, explore_prob_settled=0.0)
+    d = _controller_decision(tables)
+    on_tables = BudgetPolicy(local_model=None, config=cfg, latest_decision=lambda _a: d).decide(surv, max_len=4)
+    assert on_tables.budget < 4
+    for fleet, want in ((lambda: whole, 4), (lambda: None, on_tables.budget), (lambda: SpsModel(), on_tables.budget)):
+        pol = BudgetPolicy(local_model=None, config=cfg, latest_decision=lambda _a: d, fleet_model=fleet)
+        out = pol.decide(surv, max_len=4)
+        assert pol.last_source == "controller" and out.budget == want   # no profile yet / not ready: tables
+
+
+def test_uniform_comparison_prices_a_controller_plan_with_the_local_profile():
+    from dspark_controller.planner import local_theta
+
+    fleet, local = SpsModel(), SpsModel()
+    for _ in range(20):
+        for b in range(1, 6):
+            fleet.update(1, b, 0.010 + 0.004 * (b - 1))   # the fleet's curve: cheap ragged steps
+            local.update(1, b, 0.020 + 0.008 * (b - 1))   # this engine measured them twice as slow
+    surv = _rows([[0.9, 0.8, 0.7, 0.6]])
+    cfg = _old(explore_prob_young=0.0, explore_prob=0.0, explore_prob_settled=0.0)
+    uniform = {1: 0.030}                                   # all 4 drafts on the uniform path: 30 ms
+    d = _controller_decision(fleet)
+    alone = BudgetPolicy(local_model=None, config=cfg, latest_decision=lambda _a: d,
+                         uniform_step_time=uniform.get).decide(surv, max_len=4)
+    assert alone.budget < 4                  # priced on the fleet's clock the ragged plan wins
+    pol = BudgetPolicy(local_model=local, config=cfg, latest_decision=lambda _a: d,
+                       uniform_step_time=uniform.get)
+    out = pol.decide(surv, max_len=4)
+    assert pol.last_source == "controller" and out.budget == 4   # on this engine's clock: uniform
+    # the re-pricing itself: expected tokens kept, step time from the local profile
+    t = float(local.predict_step_time(1, 3))
+    assert abs(local_theta(100.0, 0.02, model=local, num_req=1, budget=2) - 2.0 / t) < 1e-9
+    assert local_theta(100.0, 0.02, model=SpsModel(), num_req=1, budget=2) == 100.0   # not ready
+    assert local_theta(100.0, None, model=local, num_req=1, budget=2) == 100.0
+
+
+def test_fast_lagged_budget_equals_the_explained_planner():
+    from dspark_controller.planner import clean_survival, compute_lagged_budget, lagged_budget_fast
+
+    rng = np.random.default_rng(3)
+    model = SpsModel()
+    for _ in range(3000):
+        r = int(rng.integers(1, 33))
+        b = r + int(rng.integers(0, 8 * r + 1))
+        model.update(r, b, 0.02 + 0.0004 * b + 0.001 * r + 0.004 * (b > 64))
+    checked = 0
+    for _ in range(300):
+        R, g = int(rng.integers(1, 33)), int(rng.integers(1, 9))
+        conf = rng.beta(2, 1, size=(R, g))
+        conf[rng.random((R, g)) < 0.05] = 1.0                      # ties
+        surv = np.cumprod(conf, axis=1)
+        sps = model.sps_function(R)
+        ref = compute_lagged_budget(survival_to_confidences(surv), sps)
+        k, theta, s = lagged_budget_fast(clean_survival(surv), sps)
+        assert theta == pytest.approx(ref.predicted_throughput, rel=1e-12)
+        assert s == pytest.approx(float(sps(R + k)), rel=1e-12)
+        if k != ref.budget_tokens:       # only a float tie may pick another K of equal value
+            assert float(sps(R + ref.budget_tokens)) * ref.expected_tau == pytest.approx(theta, rel=1e-12)
+        checked += k == ref.budget_tokens
+    assert checked >= 290
+
+
+def test_clean_survival_matches_what_the_planner_assumes():
+    from dspark_controller.planner import clean_survival
+
+    s = clean_survival([[np.nan, 0.5, 0.7], [1.5, -0.2, np.inf], [0.9, 0.8, 0.85]])
+    assert s.tolist() == [[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.9, 0.8, 0.8]]
+    back = np.cumprod(survival_to_confidences(s), axis=1)
+    assert np.allclose(back, s)
+
+
+def test_sps_function_evaluates_only_where_asked_and_agrees_with_predict():
+    model = SpsModel()
+    for r in (1, 4, 16):
+        for b in range(r, 5 * r + 1):
+            model.update(r, b, 0.02 + 0.0005 * b + 0.002 * r)
+    for r in (1, 4, 16):
+        fn = model.sps_function(r)
+        bs = np.array([r, r + 1, 3 * r, 5 * r, 9000])            # 9000: past the table (linear tail)
+        arr = fn(bs)
+        assert np.allclose(arr, [fn(int(b)) for b in bs], rtol=1e-12)
+        assert np.allclose(1.0 / arr[:4], model.predict_step_time(np.full(4, r), bs[:4]), rtol=1e-9)
+
+
+class _Draws:
+    """A stand-in rng that records how often it was drawn from."""
+
+    def __init__(self, value):
+        self.value, self.calls = value, 0
+
+    def random(self):
+        self.calls += 1
+        return self.value
+
+
+def test_prefer_uniform_rechecks_only_thin_ragged_cells():
+    from dspark_controller.planner import BOUNDARY_CHECK_PROB, BOUNDARY_MIN_SAMPLES, prefer_uniform
+
+    thin, thick = SpsModel(), SpsModel()
+    for b in range(1, 6):
+        thin.update(1, b, 0.02 + 0.01 * (b - 1))                    # one sample per cell
+        for _ in range(int(BOUNDARY_MIN_SAMPLES) + 4):
+            thick.update(1, b, 0.02 + 0.01 * (b - 1))
+    kw = dict(num_req=1, budget=2)
+    # the ragged plan is predicted faster: ragged, no draw
+    rng = _Draws(0.0)
+    assert prefer_uniform(10.0, 20.0, model=thin, rng=rng, **kw) == (False, False) and rng.calls == 0
+    assert prefer_uniform(None, 20.0, model=thin, rng=rng, **kw) == (False, False) and rng.calls == 0
+    # uniform predicted faster, well-measured plan cell: uniform, no draw
+    rng = _Draws(0.0)
+    assert prefer_uniform(30.0, 20.0, model=thick, rng=rng, **kw) == (True, False) and rng.calls == 0
+    # ... thin plan cell: one draw; below the check share the ragged plan runs (a check)
+    rng = _Draws(BOUNDARY_CHECK_PROB / 2)
+    assert prefer_uniform(30.0, 20.0, model=thin, rng=rng, **kw) == (False, True) and rng.calls == 1
+    rng = _Draws(BOUNDARY_CHECK_PROB + 1e-3)
+    assert prefer_uniform(30.0, 20.0, model=thin, rng=rng, **kw) == (True, False) and rng.calls == 1
+    # a model without cells (or none at all) never re-checks
+    assert prefer_uniform(30.0, 20.0, model=None, rng=_Draws(0.0), **kw) == (True, False)
+
+
+def test_a_near_tie_keeps_rechecking_at_a_fading_share():
+    from dspark_controller.planner import (BOUNDARY_CHECK_PROB, BOUNDARY_MIN_SAMPLES, BOUNDARY_NEAR,
+                                           boundary_check_probability, prefer_uniform)
+
+    n = int(2 * BOUNDARY_MIN_SAMPLES)
+    thick = SpsModel()
+    for b in range(1, 6):
+        for _ in range(n):
+            thick.update(1, b, 0.02 + 0.01 * (b - 1))
+    w = float(thick.cell_weights(1, [3])[0])
+    assert w >= BOUNDARY_MIN_SAMPLES
+    p = boundary_check_probability(w, 0.5 * BOUNDARY_NEAR)
+    assert p == pytest.approx(BOUNDARY_CHECK_PROB * (BOUNDARY_MIN_SAMPLES / w) ** 2) and 0 < p < BOUNDARY_CHECK_PROB
+    # it fades as the cell fills, is the full share on a thin cell, and zero past the margin
+    assert boundary_check_probability(4 * w, 0.0) < p / 10
+    assert boundary_check_probability(1.0, 5.0) == BOUNDARY_CHECK_PROB
+    assert boundary_check_probability(w, BOUNDARY_NEAR) == 0.0
+    kw = dict(num_req=1, budget=2)
+    near = 20.0 * (1 + 0.5 * BOUNDARY_NEAR)
+    rng = _Draws(p * 0.9)
+    assert prefer_uniform(near, 20.0, model=thick, rng=rng, **kw) == (False, True) and rng.calls == 1
+    rng = _Draws(p * 1.1)
+    assert prefer_uniform(near, 20.0, model=thick, rng=rng, **kw) == (True, False) and rng.calls == 1
+    rng = _Draws(0.0)   # a clear win: no draw, no check
+    assert prefer_uniform(20.0 * (1 + 2 * BOUNDARY_NEAR), 20.0, model=thick, rng=rng, **kw) == (True, False)
+    assert rng.calls == 0
+
+
+def test_policy_rechecks_a_thin_ragged_plan_on_a_share_of_steps():
+    """Uniform measured faster than a ragged plan the profile has barely seen: the policy
+    still runs that plan on about BOUNDARY_CHECK_PROB of the steps (counted)."""
+    from dspark_controller.planner import BOUNDARY_CHECK_PROB
+
+    model = SpsModel(config=SpsModelConfig(min_ready_samples=5))
+    for b in range(1, 6):                  # one sample per ragged budget: ready, but thin
+        model.update(1, b, 0.02 + 0.01 * (b - 1))
+    assert model.ready
+    surv = _rows([[0.9, 0.8, 0.7, 0.6]])
+    uniform = {1: 0.025}
+    pol = BudgetPolicy(local_model=model, config=_old(explore_prob_young=0.0, explore_prob=0.0),
+                       uniform_step_time=uniform.get)
+    n = 2000
+    ks = [pol.decide(surv, max_len=4).budget for _ in range(n)]
+    ragged = sum(k < 4 for k in ks)
+    # ragged steps: the re-checks, plus the probes (planner.probe_budget), some of which
+    # replaced a re-check's budget
+    probes = pol.sources["probe"]
+    assert pol.boundary_checks <= ragged <= pol.boundary_checks + probes
+    assert abs(pol.boundary_checks / n - BOUNDARY_CHECK_PROB) < 0.04, pol.boundary_checks / n
+
+
+def test_exploration_schedule_follows_the_rows_thinness():
+    from dspark_controller.planner import exploration_probability
+
+    cfg = PolicyConfig()        # young 0.25 for 200 steps, then 0.03, 0.01 on a settled row
+    assert exploration_probability(cfg, 10) == 0.25                       # unknown row: by steps
+    assert exploration_probability(cfg, 10, thin=0.0) == 0.25             # young and blind
+    assert exploration_probability(cfg, 10, thin=3.0) == 0.03             # young, measured twice
+    assert exploration_probability(cfg, 10, thin=50.0) == 0.01            # young, settled row
+    assert exploration_probability(cfg, 1000, thin=0.0) == 0.03           # old, thin row
+    assert exploration_probability(cfg, 1000, thin=4.0) == 0.01           # old, settled row
+    assert exploration_probability(cfg, 10 ** 6, thin=0.0) == 0.0         # past explore_until_steps
+
+
+def test_row_thinness_counts_the_ragged_cells_only():
+    from dspark_controller.planner import row_thinness
+
+    model = SpsModel()
+    assert row_thinness(model, num_req=1, full=4) == 0.0
+    for _ in range(5):
+        for b in range(1, 5):              # K = 0..3 at R = 1; the full budget (B = 5) never
+            model.update(1, b, 0.02 + 0.01 * b)
+    thin = row_thinness(model, num_req=1, full=4)
+    assert 4.9 < thin <= 5.0               # forgotten a little since
+    assert row_thinness(model, num_req=1, full=0) is None
+    assert row_thinness(object(), num_req=1, full=4) is None
+
+
+def test_explore_now_draws_once_and_only_when_a_branch_can_explore():
+    from dspark_controller.planner import explore_now
+
+    model = SpsModel()
+    cfg = PolicyConfig()
+    off = PolicyConfig(explore_prob_young=0.0, explore_prob=0.0, explore_prob_settled=0.0)
+    rng = _Draws(0.0)
+    assert explore_now(off, model, steps=0, num_req=1, full=4, rng=rng) is False and rng.calls == 0
+    rng = _Draws(0.1)                          # under 0.25: explores on a blind row while young
+    assert explore_now(cfg, model, steps=0, num_req=1, full=4, rng=rng) is True and rng.calls == 1
+    rng = _Draws(0.02)                         # old and blind: 0.03 applies
+    assert explore_now(cfg, model, steps=1000, num_req=1, full=4, rng=rng) is True
+    for _ in range(10):
+        for b in range(1, 5):
+            model.update(1, b, 0.02 + 0.01 * b)
+    rng = _Draws(0.02)                         # old and settled: 0.01 applies
+    assert explore_now(cfg, model, steps=1000, num_req=1, full=4, rng=rng) is False and rng.calls == 1
+
+
+def test_uniform_times_follow_the_profiles_clock():
+    """A uniform-path time measured during a slow spell must not outlive it: stored relative
+    to the profile's prediction for the same step, it is read back on today's profile."""
+    model = SpsModel()
+    times = UniformTimes(model)
+    times.observe(1, 0.05, 5)                     # the profile is not ready: plain seconds
+    assert times.get(1) == 0.05
+    for _ in range(20):
+        for b in range(1, 6):
+            model.update(1, b, 0.02 + 0.01 * (b - 1))
+    assert times.get(1) == 0.05
+    for _ in range(50):
+        times.observe(1, 0.045, 5)                # ready: a ratio to the profile's t(1, 5)
+    before = float(model.predict_step_time(1, 5))
+    assert abs(times.get(1) - 0.045) < 1e-6
+    for _ in range(300):                          # the machine gets 2x slower: ragged steps say so
+        for b in range(1, 6):
+            model.update(1, b, 2 * (0.02 + 0.01 * (b - 1)))
+    ratio = float(model.predict_step_time(1, 5)) / before
+    assert ratio > 1.8
+    assert abs(times.get(1) - 0.045 * ratio) < 1e-6
+    times.observe(1, -1.0, 5)                     # ignored
+    assert abs(times.get(1) - 0.045 * ratio) < 1e-6
+    assert times.get(3) is None
+    plain = UniformTimes(None)                    # no profile: plain seconds
+    plain.observe(2, 0.03, 10)
+    assert plain.get(2) == 0.03
+
+
+def test_probe_budget_steps_to_a_neighbour_on_a_small_share_of_steps():
+    """planner.probe_budget: PROBE_PROB of the steps, half up and half down by PROBE_STEP of
+    the draft tokens, clipped to the ragged budgets; from a full budget only down; one draw."""
+    import random
+
+    from dspark_controller.planner import PROBE_PROB, PROBE_STEP, probe_budget
+
+    rng = random.Random(1)
+    n, full, k = 20000, 128, 40
+    got = [probe_budget(k, full=full, rng=rng) for _ in range(n)]
+    probes = [x for x in got if x is not None]
+    assert abs(len(probes) / n - PROBE_PROB) < 0.01
+    delta = int(round(PROBE_STEP * full))
+    assert set(probes) == {k - delta, k + delta}
+    assert abs(sum(x > k for x in probes) / len(probes) - 0.5) < 0.08
+    assert probe_budget(5, full=128, rng=_Draws(0.04)) == 0                 # down, clipped
+    assert probe_budget(120, full=128, rng=_Draws(0.001)) == 127            # ... and to a ragged budget
+    assert probe_budget(128, full=128, rng=_Draws(0.001)) == 128 - delta    # "up" from full: down
+    assert probe_budget(3, full=4, rng=_Draws(0.001)) is None               # no neighbour: 3 + 1 -> 3
+    assert probe_budget(0, full=1, rng=_Draws(0.0)) is None
+    assert probe_budget(40, full=128, rng=_Draws(PROBE_PROB)) is None
+    d = _Draws(0.5)
+    probe_budget(40, full=128, rng=d)
+    assert d.calls == 1
+
+
+def test_admission_gain_learns_each_kind_and_tips_the_uniform_comparison():
+    """planner.AdmissionGain: realised / predicted accepted drafts, per kind of step, 1 until
+    enough steps; the policy scales each side of its uniform comparison by its own factor
+    (learned through observe_step) and records the plan's uncorrected expected drafts for
+    the worker to compare."""
+    from dspark_controller.planner import ADMISSION_MIN_STEPS, AdmissionGain, admitted_theta
+
+    g = AdmissionGain()
+    for _ in range(ADMISSION_MIN_STEPS - 1):
+        g.observe(10.0, 13.0, uniform=False)
+        g.observe(10.0, 10.0, uniform=True)
+    assert g.factor(uniform=False) == 1.0                       # not enough steps yet
+    g.observe(10.0, 13.0, uniform=False)
+    g.observe(float("nan"), 5.0, uniform=False)                 # ignored
+    assert abs(g.factor(uniform=False) - 1.3) < 1e-9
+    assert g.summary()["ragged"]["steps"] == ADMISSION_MIN_STEPS and g.factor(uniform=True) == 1.0
+    for _ in range(5000):                                        # it forgets: the ratio follows
+        g.observe(10.0, 100.0, uniform=True)
+    assert g.factor(uniform=True) == 2.0                         # clipped
+    # 20 tokens/s over 0.5 s: 10 tokens, 4 of them bonus tokens -> 6 drafts; x1.5 -> 13 tokens
+    assert abs(admitted_theta(20.0, 0.5, num_req=4, factor=1.5) - 26.0) < 1e-9
+    assert admitted_theta(None, 0.5, num_req=4, factor=1.5) is None
+
+    model = _ragged_model()
+    surv = _rows([[0.9, 0.8, 0.7, 0.6]])
+    cfg = _old(explore_prob_young=0.0, explore_prob=0.0)
+    ragged = BudgetPolicy(local_model=model, config=cfg).decide(surv, max_len=4)
+    # uniform a little ahead on the lagged survival's word ...
+    t_u = ((1 + 0.9 + 0.72 + 0.504 + 0.3024) / ragged.predicted_theta) * 0.97
+    uniform = {1: t_u}
+    plain = BudgetPolicy(local_model=model, config=cfg, uniform_step_time=uniform.get)
+    assert plain.decide(surv, max_len=4).budget == 4
+    assert abs(plain.last_pred_drafts - (0.9 + 0.72 + 0.504 + 0.3024)) < 1e-6
+    # ... but ragged steps have been accepting 30% more than it said: ragged wins
+    tipped = BudgetPolicy(local_model=model, config=_old(explore_prob_young=0.0, explore_prob=0.0, admission=True),
+                          uniform_step_time=uniform.get)
+    for _ in range(ADMISSION_MIN_STEPS):
+        tipped.observe_step(survival=None, accepted=[13], verified=None, pred_drafts=10.0, uniform=False)
+        tipped.observe_step(survival=None, accepted=[10], verified=None, pred_drafts=10.0, uniform=True)
+    assert abs(tipped.admission.factor(uniform=False) - 1.3) < 1e-9 and tipped.admission.factor(uniform=True) == 1.0
+    d = tipped.decide(surv, max_len=4)
+    assert d.budget == ragged.budget < 4
+    assert abs(tipped.last_pred_drafts - (ragged.predicted_theta * ragged.predicted_step_seconds - 1)) < 1e-6
