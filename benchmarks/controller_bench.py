@@ -40,9 +40,9 @@ except ImportError:
 
 import numpy as np  # noqa: E402
 
-from dspark_controller.protocol import EngineFingerprint, StatusReply, StatusRequest, StepTelemetry  # noqa: E402
-from dspark_controller.sim import CURVES, decision_quality, random_confidences, synth_step  # noqa: E402
-from dspark_controller.sps_model import SpsModel  # noqa: E402
+from dspark_controller.service.protocol import EngineFingerprint, StatusReply, StatusRequest, StepTelemetry  # noqa: E402
+from dspark_controller.sim.synthetic import CURVES, decision_quality, random_confidences, synth_step  # noqa: E402
+from dspark_controller.core.sps_model import SpsModel  # noqa: E402
 
 GAMMA = 7
 
@@ -51,7 +51,7 @@ GAMMA = 7
 def _status(endpoint: str, timeout: float = 5.0):
     import zmq
 
-    from dspark_controller.protocol import decode_frames, encode
+    from dspark_controller.service.protocol import decode_frames, encode
 
     ctx = zmq.Context()
     s = ctx.socket(zmq.DEALER)
@@ -76,7 +76,7 @@ def _fingerprint(kind: str, rank: int) -> EngineFingerprint:
 
 def _worker_proc(address: str, engine_ids: list, duration: float, seed: int, out: "mp.Queue",
                  rate: float = 0.0) -> None:
-    from dspark_controller.client import ControllerClient
+    from dspark_controller.service.client import ControllerClient
 
     rng = np.random.default_rng(seed)
     pool = {}
@@ -257,7 +257,7 @@ def bench_update_cost() -> dict:
         m.refit()
     refit = (time.perf_counter() - t0) / 50
     fn = m.sps_function(64)
-    from dspark_controller.planner import plan_exact, plan_lagged
+    from dspark_controller.core.method import plan_exact, plan_lagged
 
     c = random_confidences(rng, 64, GAMMA)
     t0 = time.perf_counter()

@@ -3,8 +3,8 @@
 
 ``policy``: the budget policy's host cost per decode step at R = 1 .. 256 running
 requests: the decision (``budget``) and the step-time learning (``observe``) of the
-simulator's ``online`` policy (:func:`dspark_controller.sim_policies.make_policy`),
-which runs the worker's own policy object, :class:`dspark_controller.policy.BudgetPolicy`
+simulator's ``online`` policy (:func:`dspark_controller.sim.policies.make_policy`),
+which runs the worker's own policy object, :class:`dspark_controller.core.policy.BudgetPolicy`
 (numpy only: the same code with or without SGLang; survival calibration and admission
 gain included), and :class:`SpsModel` learning.  Not timed: what only the worker does
 around it (SGLang's lagged-survival relay and its copy to numpy, telemetry to a
@@ -50,10 +50,10 @@ def policy_host_cost(args) -> dict:
     a synthetic ``5 ms + 20 us per verified token`` with 5% noise."""
     import numpy as np
 
-    from dspark_controller.sim_policies import make_policy, resolve_backend
+    from dspark_controller.sim.policies import make_policy, resolve_backend
 
     backend = resolve_backend(args.policy_backend)
-    brain_name = "BudgetPolicy (dspark_controller.policy)"
+    brain_name = "BudgetPolicy (dspark_controller.core.policy)"
     gamma = int(args.policy_gamma)
     rows = []
 

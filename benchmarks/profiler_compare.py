@@ -96,7 +96,7 @@ def warm_up(url: str) -> None:
 
 
 def heldout_rounds(url: str, n: int, seed: int, samples: list, tag: str) -> None:
-    from dspark_controller.profiling import ActiveProfiler, ProfileSettings
+    from dspark_controller.profiling.live import ActiveProfiler, ProfileSettings
 
     prof = ActiveProfiler(ProfileSettings(url=url, out="/dev/null", steps_per_round=12, warmup_steps=2,
                                           round_timeout_s=60))
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
 
     from sglang.srt.speculative.dspark_components.dspark_sps import load_sps_table_from_path
 
-    from dspark_controller.profile_tools import load_any
+    from dspark_controller.profiling.tools import load_any
     from sglang_dspark.server_process import SGLangServer
     from sglang_dspark.tiny_models import TinySpec, ensure_pair
 

@@ -127,8 +127,8 @@ def _capture_controller(work: Path):
     """
     import threading
 
-    from dspark_controller.protocol import PolicySpec
-    from dspark_controller.server import Controller, ControllerConfig
+    from dspark_controller.service.protocol import PolicySpec
+    from dspark_controller.service.server import Controller, ControllerConfig
     from sglang_dspark.server_process import free_port
 
     port = free_port()
@@ -298,8 +298,8 @@ def measure(args) -> int:
         static = _measure_static(m, levels, args.max_new_tokens)
     spec_log = _decode_log_step_times(log_text)
     fixed = [r["latency_s"] - r["records"] * r["median_step_s"] for r in lat1 if r.get("median_step_s")]
-    from dspark_controller.profile_file import EngineFingerprint, save_profile
-    from dspark_controller.profile_tools import build_profile
+    from dspark_controller.core.profile_file import EngineFingerprint, save_profile
+    from dspark_controller.profiling.tools import build_profile
 
     fp = EngineFingerprint(target_model=str(m / "target"), draft_model=str(m / "draft"), gamma=gamma,
                            device_name="cpu:sim-calibration", dtype="float32")
@@ -335,7 +335,7 @@ def measure(args) -> int:
 
 # ------------------------------------------------------------------ compare
 def build_scenario(args, meta: dict, levels: list[int], requests_per_user: int = 2, warm_waves: int = 1):
-    from dspark_controller.simulate import LengthDist, Scenario, Workload
+    from dspark_controller.sim.simulate import LengthDist, Scenario, Workload
 
     gamma = int(meta.get("gamma") or 3)
     ptok = int(round(meta.get("prompt_tokens") or 8))
@@ -345,7 +345,7 @@ def build_scenario(args, meta: dict, levels: list[int], requests_per_user: int =
     fixed = float(meta.get("fixed_latency_s_at_c1") or 0.0)
     # the fixed latency at c = 1 holds the prefill (simulated on the engine) and what happens
     # outside the engine (HTTP, tokenisation): the latter is the per-request overhead
-    from dspark_controller.profile_tools import load_any
+    from dspark_controller.profiling.tools import load_any
 
     prefill = args.prefill_frac * float(load_any(args.profile).model.predict_step_time(1, ptok))
     return Scenario(
@@ -372,7 +372,7 @@ def _nospec_frac(meta: dict, profile: str) -> float:
     ns = {int(k): v for k, v in (meta.get("nospec_step_s") or {}).items()}
     if not ns:
         return 0.8
-    from dspark_controller.profile_tools import load_any
+    from dspark_controller.profiling.tools import load_any
 
     model = load_any(profile).model
     ratios = [v / float(model.predict_step_time(r, r)) for r, v in ns.items() if r >= 1]
@@ -380,7 +380,7 @@ def _nospec_frac(meta: dict, profile: str) -> float:
 
 
 def compare(args) -> int:
-    from dspark_controller.simulate import run_frontier
+    from dspark_controller.sim.simulate import run_frontier
 
     bench_path = Path(args.bench)
     if not bench_path.is_file():

@@ -7,7 +7,7 @@ adds each step's measured time and output tokens to its arm's totals
 (``plugin_state()["ab"]``).  Arms:
 
 * ``policy``: what the server does without A/B (exploration, the controller, the local
-  online profile: :class:`dspark_controller.policy.BudgetPolicy`);
+  online profile: :class:`dspark_controller.core.policy.BudgetPolicy`);
 * ``upstream``: SGLang's own planner with its static table
   (``--speculative-dspark-sps-table-path``; none = verify everything), fed SGLang's
   uncalibrated lagged survival, exactly as without our plugin;

@@ -253,10 +253,9 @@ class StepCapture:
                 self._fh = None
 
 
-def install(worker) -> Optional[StepCapture]:
-    """Wrap ``worker._observers.observe_verify_step`` when ``SGLANG_DSPARK_CAPTURE`` is
-    set; return the capture (or None).  Never raises."""
-    path = os.environ.get(ENV_PATH)
+def install(worker, *, path: Optional[str], max_rows: int = DEFAULT_MAX_ROWS) -> Optional[StepCapture]:
+    """Wrap ``worker._observers.observe_verify_step`` when ``path``
+    (``SGLANG_DSPARK_CAPTURE``) is set; return the capture (or None).  Never raises."""
     if not path:
         return None
     try:
@@ -267,12 +266,6 @@ def install(worker) -> Optional[StepCapture]:
             logger.warning("sglang-dspark capture: SGLang worker has no step observers; "
                            "capture disabled")
             return None
-        try:
-            max_rows = int(os.environ.get(ENV_MAX_ROWS, DEFAULT_MAX_ROWS))
-        except ValueError:
-            logger.warning("sglang-dspark capture: %s is not an integer; using %d",
-                           ENV_MAX_ROWS, DEFAULT_MAX_ROWS)
-            max_rows = DEFAULT_MAX_ROWS
         cap = StepCapture(path, gamma=int(worker.verify_num_draft_tokens) - 1, max_rows=max_rows)
         original = observers.observe_verify_step
 

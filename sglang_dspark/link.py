@@ -14,7 +14,7 @@ SGLang process inherits them):
 ``SGLANG_DSPARK_DECISION_MAX_AGE_S``
     decisions older than this (default 2 s) are ignored; the local model decides.
 
-The decode step never waits on a socket: :class:`~dspark_controller.client.
+The decode step never waits on a socket: :class:`~dspark_controller.service.client.
 ControllerClient` owns its sockets in one background thread and hands telemetry
 over through a bounded queue that drops the oldest (counted).
 """
@@ -28,7 +28,7 @@ import socket
 from pathlib import Path
 from typing import Optional
 
-from dspark_controller.sps_model import PriorCurve, SpsModel, SpsModelConfig
+from dspark_controller.core.sps_model import PriorCurve, SpsModel, SpsModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -41,19 +41,18 @@ def _pow2_at_least(n: int) -> int:
 
 
 def local_model_for(*, max_requests: int, max_batch_tokens: int,
-                    table_path: Optional[str] = None) -> SpsModel:
-    """The worker's own online model, seeded by ``SGLANG_DSPARK_PROFILE`` (a profile
-    file) or else SGLang's ``--speculative-dspark-sps-table-path`` table, if given;
-    ``SGLANG_DSPARK_PROFILE=none`` seeds nothing even when SGLang has a table (an A/B of
-    ours without a table against SGLang's planner with one, :mod:`sglang_dspark.ab`)."""
+                    table_path: Optional[str] = None, profile: Optional[str] = None) -> SpsModel:
+    """The worker's own online model, seeded by ``profile`` (``SGLANG_DSPARK_PROFILE``, a
+    profile file) or else SGLang's ``--speculative-dspark-sps-table-path`` table, if given;
+    ``profile="none"`` seeds nothing even when SGLang has a table (an A/B of ours without
+    a table against SGLang's planner with one, :mod:`sglang_dspark.ab`)."""
     cfg = SpsModelConfig(max_batch_tokens=max(2 * max_batch_tokens, 64),
                          max_requests=max(max_requests, 1))
     prior = None
-    profile = os.environ.get("SGLANG_DSPARK_PROFILE")
     if profile and profile.strip().lower() == "none":
         pass
     elif profile:
-        from dspark_controller.profile_file import load_profile
+        from dspark_controller.core.profile_file import load_profile
 
         prior = PriorCurve.from_model(load_profile(profile).model.to_model())
     elif table_path:
@@ -75,6 +74,21 @@ def _device_name(device) -> str:
     return f"{dev.type}:{platform.machine()}:{os.cpu_count()}cores"
 
 
+def engine_ranks() -> tuple[int, int]:
+    """``(tp_rank, dp_rank)`` of this scheduler process, as SGLang published them
+    (``sglang.srt.runtime_context.get_parallel()``).  ``dp_rank`` is the replica index
+    SGLang's data-parallel controller launched the scheduler with (``--dp-size N``: 0..N-1;
+    the attention-DP rank under ``--enable-dp-attention``), None without a DP controller
+    (-> 0).  Neither the worker nor its model runner carries these attributes
+    (``DSparkWorkerV2.__getattr__`` forwards unknown names to the target worker, which has
+    none), so the engine id must come from here or every replica would be ``dp0``."""
+    from sglang.srt.runtime_context import get_parallel
+
+    parallel = get_parallel()
+    dp_rank = parallel.dp_rank
+    return int(parallel.tp_rank), 0 if dp_rank is None else int(dp_rank)
+
+
 class ControllerLink:
     def __init__(self, *, client, address: str) -> None:
         self.client = client
@@ -82,16 +96,16 @@ class ControllerLink:
         self._seq = 0
 
     @classmethod
-    def from_env(cls, *, worker) -> Optional["ControllerLink"]:
-        address = os.environ.get("SGLANG_DSPARK_CONTROLLER")
+    def from_settings(cls, settings, *, worker) -> Optional["ControllerLink"]:
+        """The link to ``settings.controller`` (None when unset)."""
+        address = settings.controller
         if not address:
             return None
-        from dspark_controller.client import ControllerClient
-        from dspark_controller.profile_file import EngineFingerprint
+        from dspark_controller.service.client import ControllerClient
+        from dspark_controller.core.profile_file import EngineFingerprint
 
         sa = worker.server_args
-        tp_rank = int(getattr(worker.model_runner, "tp_rank", 0) or 0)
-        dp_rank = int(getattr(worker, "dp_rank", None) or 0)
+        tp_rank, dp_rank = engine_ranks()   # the engine id: <prefix>/tp<tp_rank>/dp<dp_rank>
         try:
             from importlib.metadata import version
 
@@ -106,12 +120,11 @@ class ControllerLink:
             dtype=str(getattr(sa, "dtype", "")),
             attention_backend=str(getattr(sa, "attention_backend", "") or ""),
             sglang_version=sgl_version)
-        prefix = os.environ.get("SGLANG_DSPARK_ENGINE_ID") or \
+        prefix = settings.engine_id or \
             f"{socket.gethostname()}:{getattr(sa, 'port', 0)}"
         engine_id = f"{prefix}/tp{tp_rank}/dp{dp_rank}"
         kw = {}
-        server_key = os.environ.get("SGLANG_DSPARK_CONTROLLER_SERVER_KEY")
-        client_key = os.environ.get("SGLANG_DSPARK_CONTROLLER_CLIENT_KEY")
+        server_key, client_key = settings.controller_server_key, settings.controller_client_key
         if server_key or client_key:
             kw = {"curve_server_key": server_key, "curve_keys": client_key}
         client = ControllerClient(address=address, fingerprint=fp, engine_id=engine_id, **kw)

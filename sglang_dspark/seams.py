@@ -26,6 +26,7 @@ Hooks (``HookRegistry``), see :func:`all_seams` below for the exact targets, amo
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import os
 import pkgutil
@@ -77,8 +78,9 @@ def verify_targets(seams: list[Seam]) -> None:
 
 
 def is_cpu_run() -> bool:
-    return os.environ.get("SGLANG_USE_CPU_ENGINE") == "1" and os.environ.get(
-        "SGLANG_DSPARK_CPU", "1") != "0"
+    from sglang_dspark.settings import read
+
+    return os.environ.get("SGLANG_USE_CPU_ENGINE") == "1" and read("SGLANG_DSPARK_CPU")
 
 
 def all_seams() -> list[Seam]:
@@ -89,6 +91,10 @@ def all_seams() -> list[Seam]:
         Seam("sglang.srt.arg_groups.speculative_hook._handle_dspark", "after",
              "validate the DSpark draft checkpoint against the target; fail at start-up "
              "with a clear message", cpu_only=False, hook=_validate_draft_hook),
+        Seam("sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding", "before",
+             "refuse a DSPARK draft path that does not exist (and is no hub repo id) in one "
+             "line, before SGLang reads its config as a hub repo (checkpoint.check_draft_path)",
+             cpu_only=False, hook=_check_draft_path_hook),
         Seam("sglang.srt.speculative.dspark_components.dspark_worker_v2.DSparkWorkerV2",
              "replace", "run our DSpark worker (subclass) for --speculative-algorithm DSPARK",
              cpu_only=False, hook=worker.DSparkControlledWorker),
@@ -128,6 +134,9 @@ def all_seams() -> list[Seam]:
              "OnlineBudgetPlanner keeps SGLang's two-steps-prior survival (budget.py)", cpu_only=False),
         Seam(f"{_planner}.compute_verify_token_budget", "requires",
              "fallback to SGLang's static-table budget (budget.py)", cpu_only=False),
+        Seam("sglang.srt.speculative.dspark_components.dspark_sps.is_uninitialized_sps_table", "requires",
+             "whether SGLang has an SPS table: names warm-up / verify-all steps and the start-up "
+             "line (budget.py, worker.py)", cpu_only=False),
         Seam("sglang.srt.speculative.dspark_components.dspark_observability.DsparkStepObservers"
              ".observe_verify_step", "requires",
              "SGLANG_DSPARK_CAPTURE wraps the worker's step observer (capture.py)", cpu_only=False),
@@ -138,8 +147,107 @@ def all_seams() -> list[Seam]:
              ".set_dspark_forced_budget_frac", "requires",
              "the operator's forced fraction reaches our planner (budget.py)", cpu_only=False),
     ]
+    _worker_v2 = "sglang.srt.speculative.dspark_components.dspark_worker_v2.DSparkWorkerV2"
+    seams += [
+        Seam(f"{_worker_v2}._forward_decode", "requires",
+             "DSparkControlledWorker._forward_decode overrides it with the same parameters and "
+             "forwards every one (SGLang passes coordination_plan= under DP-attention prefill "
+             "coordination); install() compares the signatures (check_override_signatures)",
+             cpu_only=False),
+        Seam("sglang.srt.runtime_context.get_parallel", "requires",
+             "the engine id's tp_rank and dp_rank (the DP replica index) come from SGLang's "
+             "published ranks (link.engine_ranks)", cpu_only=False),
+        Seam(f"{_planner}.uniform_ragged_layout", "requires",
+             "a full budget gets SGLang's verify-all layout, whose lengths are on the host "
+             "(budget.HostLengthLayouts)", cpu_only=False),
+        Seam("sglang.srt.speculative.ragged_verify.RaggedVerifyLayout", "requires",
+             "a zero budget's layout gets host lengths (fields verify_lens_cpu, "
+             "total_verify_tokens); planner attributes _schedule_cfg, "
+             "_align_verify_tokens_to_graph_tier, verify_num_draft_tokens, model_runner "
+             "(budget.HostLengthLayouts)", cpu_only=False),
+        Seam(f"{_planner}.DSparkVerifyPlanner.is_verify_all", "requires",
+             "SGLang's simulated-acceptance guard, re-applied after our flip of _is_verify_all "
+             "(worker._refuse_simulated_acceptance; reads the worker's _simulate_acc_len)",
+             cpu_only=False),
+    ]
+    # the draft validator reads the draft the way SGLang does (checkpoint.py)
+    _dspark_cfg = "sglang.srt.speculative.dspark_components.dspark_config"
+    seams += [
+        Seam("sglang.srt.utils.hf_transformers_utils.get_config", "requires",
+             "the draft's and target's config objects as SGLang builds them (checkpoint.py calls "
+             "its undecorated __wrapped__: the memoised one would read an edited directory stale)",
+             cpu_only=False),
+        Seam("sglang.srt.utils.hf_transformers_utils.get_hf_text_config", "requires",
+             "the target's text config: layer count, vocab_size, padded_vocab_size (checkpoint.py)",
+             cpu_only=False),
+        Seam("sglang.srt.speculative.dflash_utils.parse_dflash_draft_config", "requires",
+             "block_size, target_layer_ids, mask_token_id, num_target_layers, dflash_config first "
+             "(checkpoint.py); DFlashDraftConfig.resolve_target_layer_ids sizes the fc",
+             cpu_only=False),
+        Seam("sglang.srt.speculative.dflash_utils.is_nemotron_35_draft_config", "requires",
+             "Nemotron 3.5 drafts (quantised, own vocab modules) are left to SGLang's loader "
+             "(checkpoint.py)", cpu_only=False),
+        Seam(f"{_dspark_cfg}.parse_dspark_draft_config", "requires",
+             "dspark_* keys, dspark_config, text_config: gamma, capture layers, mask, Markov "
+             "rank/type as the worker reads them (checkpoint.py)", cpu_only=False),
+        Seam(f"{_dspark_cfg}.resolve_runtime_config", "requires",
+             "the worker's start-up checks (mask below the target's embedding rows, gamma) "
+             "run by the validator (checkpoint.py)", cpu_only=False),
+        Seam(f"{_dspark_cfg}.DEFAULT_DSPARK_GAMMA", "requires",
+             "the gamma _handle_dspark uses when the draft sets none (checkpoint.py)", cpu_only=False),
+        Seam("sglang.srt.speculative.ragged_verify.read_ragged_verify_mode", "requires",
+             "the confidence head is built (and its tensors required) only outside static mode "
+             "(checkpoint.py)", cpu_only=False),
+        Seam("sglang.srt.models.dspark.build_markov_head", "requires",
+             "rule mirrored: the Markov head is built from the TOP-LEVEL markov_rank and "
+             "markov_head_type (checkpoint.py)", cpu_only=False),
+        Seam("sglang.srt.models.dspark.build_confidence_head", "requires",
+             "rule mirrored: built in every non-static mode whatever enable_confidence_head says, "
+             "width hidden + top-level markov_rank (checkpoint.py)", cpu_only=False),
+        Seam("sglang.srt.models.dspark.DSparkDraftMixin.load_weights", "requires",
+             "rule mirrored: confidence_head.* routed by the raw name, lm_head/rotary_emb/"
+             "embed_tokens skipped, unknown markov_head.* refused (checkpoint.py)", cpu_only=False),
+        Seam("sglang.srt.models.dflash.DFlashDraftModel.load_weights", "requires",
+             "rule mirrored: optional model. prefix and its local _VENDOR_ENCODER_ALIASES "
+             "(checkpoint.VENDOR_ENCODER_ALIASES, compared with its source by the unit tests)",
+             cpu_only=False),
+        Seam("sglang.srt.arg_groups.overrides.resolving_view", "requires",
+             "the server args as resolved so far, in the draft checks (checkpoint.py)",
+             cpu_only=False),
+    ]
     seams += cpu.seams()
     return seams
+
+
+# (our class, method): overrides whose parameters must stay SGLang's (the class it overrides
+# is found through the MRO, so a REPLACE hook on SGLang's module name cannot hide it)
+OVERRIDES = [("sglang_dspark.worker.DSparkControlledWorker", "_forward_decode")]
+
+
+def _params(fn) -> list:
+    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+
+def check_override_signatures(overrides=None) -> None:
+    """Every override in ``overrides`` (default :data:`OVERRIDES`; a class or its dotted
+    path, and a method name) takes exactly the parameters (names, order, kinds, defaults)
+    of the SGLang method it overrides, so SGLang never calls it with an argument it drops."""
+    bad = []
+    for cls, name in OVERRIDES if overrides is None else overrides:
+        cls = pkgutil.resolve_name(cls) if isinstance(cls, str) else cls
+        base = next((b for b in cls.__mro__[1:] if name in vars(b)), None)
+        if base is None:
+            bad.append(f"{cls.__qualname__}.{name} overrides nothing")
+        elif _params(vars(cls)[name]) != _params(vars(base)[name]):
+            bad.append(f"{cls.__qualname__}.{name}{inspect.signature(vars(cls)[name])} != "
+                       f"{base.__module__}.{base.__qualname__}.{name}"
+                       f"{inspect.signature(vars(base)[name])}")
+    if bad:
+        raise SeamError(
+            f"sglang-dspark {__import__('sglang_dspark').__version__} supports SGLang "
+            f"{SGLANG_PINNED}, but the installed SGLang {sglang_version()} changed an overridden "
+            "method's parameters: " + "; ".join(bad)
+            + f". Install sglang=={SGLANG_PINNED} (pip install 'sglang=={SGLANG_PINNED}').")
 
 
 def _validate_draft_hook(result, server_args, *args, **kwargs):
@@ -147,6 +255,13 @@ def _validate_draft_hook(result, server_args, *args, **kwargs):
 
     validate_from_server_args(server_args)
     return result
+
+
+def _check_draft_path_hook(server_args, *args, **kwargs):
+    from sglang_dspark.checkpoint import check_draft_path_from_server_args
+
+    check_draft_path_from_server_args(server_args)
+    return None
 
 
 def install() -> list[Seam]:
@@ -157,6 +272,7 @@ def install() -> list[Seam]:
              "around": HookType.AROUND, "replace": HookType.REPLACE}
     seams = [s for s in all_seams() if is_cpu_run() or not s.cpu_only]
     verify_targets(seams)
+    check_override_signatures()
     for s in seams:
         if s.kind in kinds and s.hook is not None:
             HookRegistry.register(s.target, s.hook, kinds[s.kind])

@@ -108,7 +108,7 @@ class SGLangServer:
 
     def set_internal_state(self, server_args: dict) -> bool:
         """``POST /set_internal_state``; True when every DP rank applied it."""
-        from dspark_controller.profiling import internal_state_updated
+        from dspark_controller.profiling.live import internal_state_updated
 
         return internal_state_updated(http_json(self.url + "/set_internal_state", {"server_args": server_args}))
 

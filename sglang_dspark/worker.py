@@ -21,43 +21,16 @@ see :mod:`sglang_dspark.link` for the controller variables.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Optional
 
 import numpy as np
-from dspark_controller.planner import AdmissionGain, UniformTimes, learn_step_time
+from dspark_controller.core.strategies import UniformTimes, learn_step_time
 from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
 
 import sglang_dspark
 
 logger = logging.getLogger(__name__)
-
-
-_ON, _OFF = ("1", "true", "on"), ("0", "false", "off")
-
-
-def _env_switch(name: str, default: Optional[bool], *, auto: bool = False) -> Optional[bool]:
-    """An on/off environment variable: 1|true|on, 0|false|off, or (``auto``) the word
-    ``auto`` -> None; unset -> ``default``."""
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    v = raw.strip().lower()
-    if v in _ON:
-        return True
-    if v in _OFF:
-        return False
-    if auto and v == "auto":
-        return None
-    raise ValueError(f"{name} must be 1, 0{' or auto' if auto else ''}, got {raw!r}")
-
-
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        raise ValueError(f"{name} must be a number, got {os.environ.get(name)!r}") from None
 
 
 class DSparkControlledWorker(DSparkWorkerV2):
@@ -71,19 +44,27 @@ class DSparkControlledWorker(DSparkWorkerV2):
         self._forced_unlearned = 0
         if not getattr(self, "_hosts_draft", False):
             return
-        from sglang_dspark.capture import install as install_capture  # SGLANG_DSPARK_CAPTURE
-        self._capture = install_capture(self)
-        from sglang_dspark.budget import BudgetBrain, BudgetConfig, OnlineBudgetPlanner
+        from sglang_dspark.settings import Settings
+
+        settings = self._settings = Settings.from_env()   # validated at plugin load already
+        from sglang_dspark.capture import install as install_capture
+
+        self._capture = install_capture(self, path=settings.capture,
+                                        max_rows=settings.capture_max_rows)
+        from dspark_controller.core.policy import BudgetPolicy
+
+        from sglang_dspark.budget import AbBudgetPlanner, OnlineBudgetPlanner, policy_config
         from sglang_dspark.link import ControllerLink, local_model_for
-        from sglang_dspark.telemetry import StepClock, StepStats
+        from sglang_dspark.telemetry import NoiseWatch, StepClock, StepStats
 
         sa = self.server_args
         self._tp_size = int(getattr(sa, "tp_size", 1) or 1)
-        self._log_interval = _env_float("SGLANG_DSPARK_LOG_INTERVAL_S", 30.0)
-        self._learn_forced = _env_switch("SGLANG_DSPARK_LEARN_FORCED", True)
+        self._log_interval = settings.log_interval_s
+        self._learn_forced = settings.learn_forced
         self._clock = StepClock(self.device)
         self._stats = StepStats()
-        online = os.environ.get("SGLANG_DSPARK_ONLINE", "1") != "0"
+        self._noise = NoiseWatch()
+        online = settings.online
         if self._tp_size > 1 and online:
             logger.warning("sglang-dspark: tp_size=%d: budgets must agree across TP ranks without a "
                            "collective, so online/controller budgets are off; SGLang's static "
@@ -92,44 +73,53 @@ class DSparkControlledWorker(DSparkWorkerV2):
         max_req = int(getattr(sa, "max_running_requests", None) or 48)
         self._local_model = local_model_for(
             max_requests=max_req, max_batch_tokens=max_req * int(self.verify_num_draft_tokens),
-            table_path=getattr(sa, "speculative_dspark_sps_table_path", None))
-        self._link = ControllerLink.from_env(worker=self) if online else None
+            table_path=getattr(sa, "speculative_dspark_sps_table_path", None),
+            profile=settings.profile)
+        self._link = ControllerLink.from_settings(settings, worker=self) if online else None
         # uniform-path step seconds per R, on the local profile's clock (planner.UniformTimes)
         self._uniform_s = UniformTimes(self._local_model)
-        self._brain = BudgetBrain(
+        self._policy = BudgetPolicy(
             local_model=self._local_model if online else None,
-            config=BudgetConfig.from_env(),
+            config=policy_config(settings),
             latest_decision=self._link.latest_decision if self._link else None,
             enabled=online, uniform_step_time=self._uniform_s.get,
-            fleet_model=self._link.fleet_model if self._link else None,
-            admission=AdmissionGain())
+            fleet_model=self._link.fleet_model if self._link else None)
         planner = self._verify_planner
         self._online_planner = None
         self._ab_ledger = None   # SGLANG_DSPARK_AB_ARMS (sglang_dspark.ab): per-arm totals
         self._ab_unlearned = 0
         from sglang_dspark.ab import AbConfig, ArmLedger, ArmRotation
 
-        ab = AbConfig.from_env()
+        ab = AbConfig.from_settings(settings)
         if ab is not None and (planner._budget_planner is None or not online):
             raise ValueError("SGLANG_DSPARK_AB_ARMS needs SGLang's budget planner and online planning: "
                              "set SGLANG_RAGGED_VERIFY_MODE=compact (or cap-accept), leave "
                              "SGLANG_DSPARK_ONLINE unset, and run with tp_size 1")
         if planner._budget_planner is not None:
-            rotation = None
-            if ab is not None:
-                rotation = ArmRotation(ab.arms, seed=ab.seed)
+            base = planner._budget_planner
+            if ab is None:
+                self._online_planner = OnlineBudgetPlanner(base=base, policy=self._policy)
+            else:
+                self._online_planner = AbBudgetPlanner(base=base, policy=self._policy,
+                                                       rotation=ArmRotation(ab.arms, seed=ab.seed))
                 self._ab_ledger = ArmLedger(ab.arms)
                 logger.warning("sglang-dspark: A/B of verify budgets on (%s): every arm runs in turn, "
                                "which costs throughput; a benchmark/canary setting",
                                ",".join(a.name for a in ab.arms))
-            self._online_planner = OnlineBudgetPlanner(base=planner._budget_planner, brain=self._brain,
-                                                       rotation=rotation)
             planner._budget_planner = self._online_planner
             if online:
+                # our budgets replace SGLang's verify-all (compact mode without an SPS table)
                 planner._is_verify_all = False
+                _refuse_simulated_acceptance(self._simulate_acc_len, planner)
+        self._host_layouts = None   # budget.HostLengthLayouts: no device read of decided lengths
+        if self._online_planner is not None and planner.is_compact_mode and online:
+            from sglang_dspark.budget import HostLengthLayouts
+
+            self._host_layouts = HostLengthLayouts(planner)
+            planner.schedule_layout = self._host_layouts
         self._full_budget_layout = None   # the schedule_layout wrapper, when installed
         if (self._online_planner is not None and planner.is_compact_mode and online
-                and _full_budget_static_default(self.device)):
+                and _full_budget_static(settings.full_budget_static, self.device)):
             self._full_budget_layout = _FullBudgetStatic(
                 planner.schedule_layout, gamma=int(self.verify_num_draft_tokens) - 1)
             planner.schedule_layout = self._full_budget_layout
@@ -137,18 +127,41 @@ class DSparkControlledWorker(DSparkWorkerV2):
 
         self._metrics = worker_metrics(sa)
         self._compact = planner.is_compact_mode
+        self._online = online
         self._seen_decision_at = 0.0
+        self._observers_list = self._step_observers()
         self._dspark_ready = True
-        logger.info("sglang-dspark %s: DSparkControlledWorker active (mode=%s, online=%s, "
-                    "controller=%s)", sglang_dspark.__version__, planner.mode_value, online,
-                    self._link.address if self._link else None)
+        logger.info("sglang-dspark %s: DSparkControlledWorker active (mode=%s); %s",
+                    sglang_dspark.__version__, planner.mode_value, self._who_decides(online))
+
+    def _who_decides(self, online: bool) -> str:
+        """The start-up sentence that says which rule chooses verify budgets (it answers
+        SGLang's "SPS table is uninitialized" warning when our profile decides)."""
+        p = self._online_planner
+        if p is None:
+            return ("verify budgets: SGLang's own rule (static mode verifies every draft; "
+                    "set SGLANG_RAGGED_VERIFY_MODE=compact for scheduled budgets)")
+        table = p.has_table
+        fallback = "SGLang's SPS table" if table else "verify-all (SGLang has no SPS table)"
+        if not online:
+            return f"verify budgets: {fallback} (SGLANG_DSPARK_ONLINE is off)"
+        who = (f"the controller at {self._link.address}, else this engine's online profile"
+               if self._link else "this engine's online step-time profile")
+        note = ("" if table else "; SGLang's warning that its SPS table is uninitialized does not "
+                "apply: our profile needs no table")
+        return (f"verify budgets: {who}, learned from measured steps (until it is ready, "
+                f"warm-up steps use {fallback}){note}")
 
     # ------------------------------------------------------------------ decode step
-    def _forward_decode(self, batch, on_publish, grammar_barrier):
+    def _forward_decode(self, batch, on_publish, grammar_barrier=None, coordination_plan=None):
+        # SGLang's signature, every argument forwarded: its DP-attention prefill
+        # coordination calls this with coordination_plan= (seams.py checks the signature)
         if not self._dspark_ready or batch.forward_mode.is_idle():
-            return super()._forward_decode(batch, on_publish, grammar_barrier)
+            return super()._forward_decode(batch, on_publish, grammar_barrier,
+                                           coordination_plan=coordination_plan)
         self._clock.start()
-        result = super()._forward_decode(batch, on_publish, grammar_barrier)
+        result = super()._forward_decode(batch, on_publish, grammar_barrier,
+                                         coordination_plan=coordination_plan)
         t0 = time.perf_counter()
         self._after_step(batch, result)
         self._telemetry_time_s += time.perf_counter() - t0
@@ -193,16 +206,16 @@ class DSparkControlledWorker(DSparkWorkerV2):
             # the copies are queued before the step's end event and read once it fired.
             rec.accepted_lens = self._host(getattr(result, "accept_lens", None))
             rec.uniform = bool(uniform)
-            rec.forced = budget is not None and self._brain.last_source == "forced"
+            rec.forced = budget is not None and self._policy.last_source == "forced"
             rec.arm = self._online_planner.last_arm if budget is not None else None
-            rec.pred_drafts = (self._brain.last_pred_drafts
-                               if budget is not None and self._brain.last_source == "local" else None)
+            rec.pred_drafts = (self._policy.last_pred_drafts
+                               if budget is not None and self._policy.last_source == "local" else None)
             # on the uniform path every draft is verified (cap lens are not per-request there)
             if self._compact and not uniform:
                 rec.verify_lens = self._host(getattr(result, "cap_lens", None))
                 if budget is not None and self._online_planner is not None:
-                    rec.survival = self._online_planner.last_survival
-                    self._online_planner.last_survival = None
+                    rec.survival = self._policy.last_survival   # what this step's decision read
+            self._policy.last_survival = None
             for done in self._clock.stop(rec):
                 self._observe(done)
         except Exception:  # telemetry must never fail a request
@@ -214,46 +227,81 @@ class DSparkControlledWorker(DSparkWorkerV2):
         return t.to("cpu", non_blocking=True) if t.device.type == "cuda" else t
 
     def _observe(self, rec) -> None:
+        """A finished step (its times known): normalise its lengths, then hand it to each
+        of the per-step observers in turn (:meth:`_step_observers`)."""
         if rec.accepted_lens is not None:
             rec.accepted_lens = [max(int(x) - 1, 0) for x in rec.accepted_lens.tolist()]
         if rec.verify_lens is not None:
             lens = rec.verify_lens.tolist()
             rec.verify_tokens = int(sum(lens))
             rec.verify_lens = [max(int(x) - 1, 0) for x in lens]
-        if (rec.survival is not None and rec.accepted_lens is not None and rec.verify_lens is not None
-                and self._online_planner is not None and self._online_planner.calibrator is not None):
-            self._online_planner.calibrator.observe(rec.survival, rec.accepted_lens, rec.verify_lens)
+        for observe in self._observers_list:
+            observe(rec)
         rec.survival = None
+
+    def _step_observers(self) -> list:
+        """The per-step observers, in order; the optional ones are present only when on."""
+        obs = [self._feed_policy, self._feed_stats, self._feed_noise]
+        if self._ab_ledger is not None:
+            obs.append(self._feed_ab)
+        obs.append(self._learn)
+        if self._metrics is not None:
+            obs.append(self._feed_metrics)
+        if self._log_interval > 0:
+            obs.append(self._log_state)
+        return obs
+
+    def _feed_policy(self, rec) -> None:
+        """The policy's calibration and admission gain (policy steps only)."""
+        if rec.arm in (None, "policy"):
+            self._policy.observe_step(survival=rec.survival, accepted=rec.accepted_lens,
+                                      verified=rec.verify_lens, pred_drafts=rec.pred_drafts, uniform=rec.uniform)
+
+    def _feed_stats(self, rec) -> None:
         self._stats.add(rec, rec.predicted_step_s)
-        if self._ab_ledger is not None and rec.arm is not None and rec.accepted_lens is not None:
+
+    def _feed_noise(self, rec) -> None:
+        """One warning when step times stop describing the load (telemetry.NoiseWatch)."""
+        noise = self._noise.observe(num_requests=rec.num_requests, verify_tokens=rec.verify_tokens,
+                                    step_s=rec.step_time_s)
+        if noise is None and self._stats.steps % 64 == 0:
+            noise = self._noise.check_error(predicted_steps=self._stats.predicted_steps,
+                                            median_rel_error=self._stats.median_error())
+        if noise is not None:
+            logger.warning("sglang-dspark: %s", noise)
+
+    def _feed_ab(self, rec) -> None:
+        if rec.arm is not None and rec.accepted_lens is not None:
             self._ab_ledger.observe(rec.arm, num_requests=rec.num_requests, step_s=rec.step_time_s,
                                     accepted_drafts=rec.accepted_lens,
                                     verified_drafts=(sum(rec.verify_lens) if rec.verify_lens is not None
                                                      else rec.num_requests * (int(self.verify_num_draft_tokens) - 1)),
                                     uniform=rec.uniform)
-        if (rec.pred_drafts is not None and rec.accepted_lens is not None and self._brain.admission is not None
-                and rec.arm in (None, "policy")):
-            self._brain.admission.observe(rec.pred_drafts, float(sum(rec.accepted_lens)), uniform=rec.uniform)
+
+    def _learn(self, rec) -> None:
+        """The step time teaches the local profile and the controller, unless the step ran
+        an A/B arm other than the policy (measured, never learned: sglang_dspark.ab) or a
+        pinned budget with ``SGLANG_DSPARK_LEARN_FORCED=0`` (an experiment on a live server:
+        the policy that runs after it is the one that ran before it)."""
         if rec.arm is not None and rec.arm != "policy":
-            # an A/B arm other than the server's policy: measured, never learned (sglang_dspark.ab)
             self._ab_unlearned += 1
         elif rec.forced and not self._learn_forced:
-            # SGLANG_DSPARK_LEARN_FORCED=0: a pinned budget is an experiment on a live server
-            # (the benchmark's fixed budgets); it teaches neither the local profile nor the
-            # controller, so the policy that runs after it is the one that ran before it
             self._forced_unlearned += 1
         else:
-            # uniform-path steps keep their own per-R time (BudgetBrain._uniform_if_better) and
+            # uniform-path steps keep their own per-R time (BudgetPolicy._uniform_if_better) and
             # feed the profile only until it is ready, or it would learn only from exploration
-            learn_step_time(self._local_model, self._uniform_s, self._brain, num_req=rec.num_requests,
+            learn_step_time(self._local_model, self._uniform_s, self._policy, num_req=rec.num_requests,
                             batch_tokens=rec.verify_tokens, step_s=rec.step_time_s, uniform=rec.uniform)
             if self._link is not None:
                 self._link.publish(rec)
-        if self._metrics is not None:
-            self._metrics.observe(rec, sources=self._brain.sources,
-                                  link_state=self._link.client.link_state if self._link else None)
+
+    def _feed_metrics(self, rec) -> None:
+        self._metrics.observe(rec, sources=self._policy.sources,
+                              link_state=self._link.client.link_state if self._link else None)
+
+    def _log_state(self, rec) -> None:
         now = time.monotonic()
-        if self._log_interval > 0 and now - self._stats.last_log >= self._log_interval:
+        if now - self._stats.last_log >= self._log_interval:
             self._stats.last_log = now
             logger.info("sglang-dspark: %s", self.plugin_state())
 
@@ -267,15 +315,17 @@ class DSparkControlledWorker(DSparkWorkerV2):
         if getattr(self, "_dspark_ready", False):
             model = self._local_model
             state.update({
-                "budget_sources": dict(self._brain.sources),
-                "boundary_checks": self._brain.boundary_checks,
-                "admission": None if self._brain.admission is None else self._brain.admission.summary(),
+                "online": self._online,
+                "budget_sources": dict(self._policy.sources),
+                "boundary_checks": self._policy.boundary_checks,
+                "admission": None if self._policy.admission is None else self._policy.admission.summary(),
                 "forced_steps_not_learned": self._forced_unlearned,
                 "ab": None if self._ab_ledger is None else {
                     "arms": list(self._ab_ledger.totals), "totals": self._ab_ledger.snapshot(),
                     "steps_not_learned": self._ab_unlearned},
-                "last_budget_source": self._brain.last_source,
+                "last_budget_source": self._policy.last_source,
                 "telemetry": self._stats.summary(),
+                "noise_warnings": dict(self._noise.warned),
                 "local_profile": None if model is None else {
                     "ready": model.ready, "samples": model.steps,
                     "heldout_error": model.heldout_error().to_dict() if model.steps else None,
@@ -285,9 +335,9 @@ class DSparkControlledWorker(DSparkWorkerV2):
                 "host_overhead": self._overhead(),
                 "full_budget_static_steps": (None if self._full_budget_layout is None
                                              else self._full_budget_layout.static_steps),
-                "survival_calibration": (None if self._online_planner is None
-                                         or self._online_planner.calibrator is None
-                                         else self._online_planner.calibrator.summary()),
+                "host_layouts": None if self._host_layouts is None else self._host_layouts.summary(),
+                "survival_calibration": (None if self._policy.calibrator is None
+                                         else self._policy.calibrator.summary()),
             })
         return state
 
@@ -328,16 +378,27 @@ class DSparkControlledWorker(DSparkWorkerV2):
         return dumped
 
 
-def _full_budget_static_default(device) -> bool:
-    """``SGLANG_DSPARK_FULL_BUDGET_STATIC``: 1 | 0 | auto (default auto: on for CPU devices,
-    where the interleaved benchmark measured it faster at every level; off elsewhere until
-    a GPU measurement says so)."""
+def _refuse_simulated_acceptance(simulate_acc_len: float, planner) -> None:
+    """SGLang's start-up guard against simulated acceptance with trimmed budgets
+    (``DSparkWorkerV2.__init__``: ``SGLANG_SIMULATE_ACC_LEN`` other than 0 and 1.0 needs a
+    verify-all schedule), applied again after our flip of ``planner._is_verify_all``:
+    SGLang ran it inside ``super().__init__``, while the planner still verified all."""
+    acc = float(simulate_acc_len)
+    if acc > 0 and acc != 1.0 and not planner.is_verify_all:
+        raise ValueError(
+            f"SGLANG_SIMULATE_ACC_LEN={acc} needs a verify-all schedule, and sglang-dspark's "
+            f"online budgets trim verify windows (mode={planner.mode_value!r}): a constant "
+            "simulated correct_len can exceed a trimmed request's budget and break SGLang's "
+            "cutoff/cap accounting. Set SGLANG_DSPARK_ONLINE=0 (SGLang's verify-all), or "
+            "SGLANG_RAGGED_VERIFY_MODE=static, or SGLANG_SIMULATE_ACC_LEN=1.0 (safe in any mode).")
+
+
+def _full_budget_static(setting: Optional[bool], device) -> bool:
+    """``SGLANG_DSPARK_FULL_BUDGET_STATIC`` (None = auto): on for CPU devices, off
+    elsewhere until a GPU measurement says so (docs/worker.md: the A/B behind it)."""
     import torch
 
-    v = _env_switch("SGLANG_DSPARK_FULL_BUDGET_STATIC", None, auto=True)
-    if v is not None:
-        return v
-    return torch.device(device).type == "cpu"   # docs/worker.md: the A/B behind this default
+    return torch.device(device).type == "cpu" if setting is None else bool(setting)
 
 
 class _FullBudgetStatic:

@@ -1,23 +1,24 @@
-"""DSpark budget controller: online SPS profiles and verify-budget decisions.
+"""DSpark budget controller: online SPS profiles, the budget policy and verify-budget decisions.
 
-Modules
--------
-protocol      versioned ZeroMQ wire protocol (pydantic v2 models, framing, limits)
-client        the worker-side ControllerClient (the only worker code that speaks the protocol)
-sps_model     online step-time model t(R, B) and its SGLang table exports (pure numpy)
-profile_file  schema of the persisted profile files
-planner       Algorithm 1 (exact, early stop), the lagged production variant, SLA and overrides
-server        the controller process
-cli           ``dspark-controller`` command line (serve, status, set, plan)
-endpoints     endpoint derivation, bind safety, CurveZMQ key loading
-sim           synthetic engines with known step-time curves (tests and benchmark)
-profiling     ``profile``: measure a live SGLang server (active) or fetch a controller's profile (passive)
-profile_tools the profiles library: build, validate, export/import SGLang tables, show, diff
-plots         PNG pictures of profiles (matplotlib, imported lazily)
-profile_cli   the profile subcommands of ``dspark-controller``
+Subpackages by role; imports point one way (everything uses ``core``, ``core`` uses nothing
+else here, and nothing here imports SGLang):
 
-Only ``planner``, ``sps_model`` and ``profile_file`` are imported eagerly by callers
-that run inside the decode loop; nothing here imports SGLang.
+core        numpy only: ``method`` (Algorithm 1 with early stop, the lagged production
+            variant, the operator overrides), ``strategies`` (exploration, probes, the
+            uniform gate, admission gain, uniform-path times), ``policy`` (the one
+            ``BudgetPolicy`` the worker and the simulator run, its ``PolicyConfig``),
+            ``sps_model`` (online step-time model t(R, B) and its SGLang table exports),
+            ``profile_file`` (the persisted profile format)
+service     the fleet service: ``protocol`` (versioned ZeroMQ wire protocol), ``server`` (the
+            controller: ``Controller`` holds the decision logic, ``serve`` the socket loop),
+            ``client`` (the worker-side ``ControllerClient``), ``endpoints`` (addresses, bind
+            safety, CurveZMQ keys)
+profiling   ``live`` (measure a live SGLang server, or fetch a controller's profile),
+            ``tools`` (build, validate, export/import SGLang tables, show, diff), ``plots``
+            (PNG pictures, matplotlib imported lazily), ``cli`` (the profile subcommands)
+sim         the fleet simulator (``simulate``, ``policies``, ``roofline``, ``report``) and the
+            synthetic engines of tests and benchmarks (``synthetic``)
+cli         the ``dspark-controller`` command line
 """
 
 __version__ = "0.1.0"

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from . import __version__
-from .endpoints import DEFAULT_BASE, ConfigError, Endpoints
+from dspark_controller import __version__
+from dspark_controller.service.endpoints import DEFAULT_BASE, ConfigError, Endpoints
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -27,7 +27,7 @@ class UsageError(Exception):
 def _policy_from_args(mode: str, args: argparse.Namespace) -> Any:
     from pydantic import ValidationError
 
-    from .protocol import PolicySpec
+    from dspark_controller.service.protocol import PolicySpec
 
     floor = getattr(args, "floor", None)
     frac = getattr(args, "frac", None)
@@ -45,22 +45,18 @@ def _policy_from_args(mode: str, args: argparse.Namespace) -> Any:
 
 
 def _curve_client_opts(args: argparse.Namespace) -> tuple[Optional[bytes], Optional[tuple[bytes, bytes]]]:
-    from .endpoints import load_curve_keypair, load_curve_public_key
+    from dspark_controller.service.endpoints import curve_client_options
 
-    sk, cc = getattr(args, "curve_server_key", None), getattr(args, "curve_client_cert", None)
-    if (sk is None) != (cc is None):
-        raise UsageError("CurveZMQ needs both --curve-server-key and --curve-client-cert")
-    if sk is None:
-        return None, None
     try:
-        return load_curve_public_key(sk), load_curve_keypair(cc)
+        return curve_client_options(getattr(args, "curve_server_key", None),
+                                    getattr(args, "curve_client_cert", None))
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
 
 
 def _check_connect(args: argparse.Namespace) -> None:
     """``--connect`` must be a ZeroMQ address (one line and exit 2, not ZeroMQ's traceback)."""
-    from .endpoints import check_endpoint
+    from dspark_controller.service.endpoints import check_endpoint
 
     try:
         check_endpoint(args.connect, option="--connect", example=Endpoints.derive(DEFAULT_BASE).cli)
@@ -70,7 +66,7 @@ def _check_connect(args: argparse.Namespace) -> None:
 
 def _check_binds(args: argparse.Namespace) -> None:
     """``--bind`` / ``--pub-bind`` / ``--cli-bind`` and the endpoints derived from them."""
-    from .endpoints import check_endpoint
+    from dspark_controller.service.endpoints import check_endpoint
 
     try:
         for opt, val in (("--bind", args.bind), ("--pub-bind", args.pub_bind), ("--cli-bind", args.cli_bind)):
@@ -87,7 +83,7 @@ def _check_binds(args: argparse.Namespace) -> None:
 def _request(args: argparse.Namespace, msg: Any) -> Any:
     import zmq
 
-    from .protocol import DecodeError, decode_frames, encode
+    from dspark_controller.service.protocol import DecodeError, decode_frames, encode
 
     _check_connect(args)
     server_key, keys = _curve_client_opts(args)
@@ -156,9 +152,9 @@ def _parse_sps_pairs(text: str) -> list[tuple[int, float]]:
 
 
 def _sps_from_profile(path: str, num_requests: int) -> tuple[Callable[[Any], Any], str]:
-    from .planner import sps_from_pairs
-    from .profile_file import ProfileFile
-    from .sps_model import SpsModel
+    from dspark_controller.core.method import sps_from_pairs
+    from dspark_controller.core.profile_file import ProfileFile
+    from dspark_controller.core.sps_model import SpsModel
 
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -182,7 +178,7 @@ def _sps_from_profile(path: str, num_requests: int) -> tuple[Callable[[Any], Any
         except Exception as exc:
             raise UsageError(f"{path}: bad SpsCostTable: {exc}") from None
     if "bias_seconds" in data:
-        from .sps_model import PriorCurve
+        from dspark_controller.core.sps_model import PriorCurve
         import numpy as np
 
         try:
@@ -196,7 +192,7 @@ def _sps_from_profile(path: str, num_requests: int) -> tuple[Callable[[Any], Any
 
 # ------------------------------------------------------------------ commands
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .planner import PlanError, plan, sps_from_pairs
+    from dspark_controller.core.method import PlanError, plan, sps_from_pairs
 
     confidences = _read_json_arg(args.confidences, "confidences")
     if not isinstance(confidences, list):
@@ -240,7 +236,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from .protocol import ErrorReply, StatusReply, StatusRequest
+    from dspark_controller.service.protocol import ErrorReply, StatusReply, StatusRequest
 
     reply = _request(args, StatusRequest())
     if reply is None:
@@ -278,7 +274,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_set(args: argparse.Namespace) -> int:
-    from .protocol import ErrorReply, SetPolicy, SetPolicyReply
+    from dspark_controller.service.protocol import ErrorReply, SetPolicy, SetPolicyReply
 
     policy = _policy_from_args(args.mode, args)
     try:
@@ -297,9 +293,9 @@ def cmd_set(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .profile_file import default_profiles_dir
-    from .server import ControllerConfig, serve
-    from .sps_model import SpsModelConfig
+    from dspark_controller.core.profile_file import default_profiles_dir
+    from dspark_controller.service.server import ControllerConfig, serve
+    from dspark_controller.core.sps_model import SpsModelConfig
 
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -411,11 +407,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true", help="print one JSON object")
     pl.set_defaults(func=cmd_plan)
 
-    from .profile_cli import add_subcommands
+    from dspark_controller.profiling.cli import add_subcommands
 
     add_subcommands(sub)
 
-    from .simulate import add_subcommand as add_simulate
+    from dspark_controller.sim.simulate import add_subcommand as add_simulate
 
     add_simulate(sub)
     return ap

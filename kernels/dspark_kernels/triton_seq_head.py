@@ -46,6 +46,7 @@ import triton
 import triton.language as tl
 
 from dspark_kernels.contract import SeqHeadInputs, SeqHeadOutput
+from sglang_dspark.settings import BY_NAME as _SETTINGS  # pure Python: our variables' one parser
 
 _BIG_INDEX = tl.constexpr(2147483647)
 _UNIFORM_SCALE = tl.constexpr(2.3283064365386963e-10)
@@ -58,7 +59,7 @@ def _round_code(dtype: torch.dtype) -> int:
     return 3 if (code == 2 and _is_interpreter()) else code
 
 
-LAUNCH_MODES = ("auto", "persistent", "stepwise")
+LAUNCH_MODES = _SETTINGS["SGLANG_DSPARK_SEQ_HEAD_LAUNCH"].parse.values
 
 
 @triton.jit
@@ -600,12 +601,9 @@ def plan_launch(
 
     mode = launch_mode
     if mode == "auto":
-        mode = os.environ.get("SGLANG_DSPARK_SEQ_HEAD_LAUNCH", "auto").strip().lower() or "auto"
-        if mode not in LAUNCH_MODES:
-            raise ValueError(
-                "SGLANG_DSPARK_SEQ_HEAD_LAUNCH must be one of "
-                f"{LAUNCH_MODES}, got {mode!r}."
-            )
+        from sglang_dspark.settings import read
+
+        mode = read("SGLANG_DSPARK_SEQ_HEAD_LAUNCH")
     if num_splits is None:
         if interpret:
             want = 1

@@ -64,6 +64,15 @@ def choose_cpu_attention_backend(result, server_args):
         decl["attention_backend"] = CPU_ATTENTION_BACKEND
     if getattr(cfg, "speculative_draft_attention_backend", None) in (None, "intel_amx"):
         decl["speculative_draft_attention_backend"] = CPU_ATTENTION_BACKEND
+    if cfg.max_total_tokens is None:    # SGLang would size the pool from free RAM (cpu/pool.py)
+        from sglang_dspark.cpu.pool import default_cpu_pool_tokens
+
+        tokens, how = default_cpu_pool_tokens(str(cfg.model_path), getattr(cfg, "kv_cache_dtype", None)
+                                              if getattr(cfg, "kv_cache_dtype", "auto") != "auto"
+                                              else getattr(cfg, "dtype", None))
+        decl["max_total_tokens"] = tokens
+        logger.info("sglang-dspark: --device cpu without --max-total-tokens: KV pool of %d tokens, "
+                    "%s; pass --max-total-tokens to choose another size", tokens, how)
     if decl:
         declare_resolution(server_args, "sglang_dspark.cpu", **decl)
     return result
@@ -145,7 +154,8 @@ def seams() -> list[Seam]:
         Seam(f"{_SPEC_HOOK}.resolving_view", "requires",
              "swapped for one call by handle_dspark_on_cpu", True),
         Seam(f"{_PLATFORM_HOOK}.handle_cpu_backends", "after",
-             "pick the dspark_cpu attention backend for target and draft", True,
+             "pick the dspark_cpu attention backend for target and draft, and a bounded KV "
+             "pool when --max-total-tokens is unset (cpu/pool.py)", True,
              choose_cpu_attention_backend),
         Seam("sglang.srt.layers.attention.intel_amx_backend.IntelAMXAttnBackend"
              "._build_extend_metadata", "requires",

@@ -30,11 +30,11 @@ except ImportError:  # pragma: no cover - fallback for a bare checkout
 import numpy as np  # noqa: E402
 import zmq  # noqa: E402
 
-from dspark_controller.client import ControllerClient  # noqa: E402
-from dspark_controller.protocol import (  # noqa: E402
+from dspark_controller.service.client import ControllerClient  # noqa: E402
+from dspark_controller.service.protocol import (  # noqa: E402
     DecodeError, EngineFingerprint, StatusReply, StatusRequest, StepTelemetry, decode_frames, encode,
 )
-from dspark_controller.sim import TrueCurve, synth_step  # noqa: E402
+from dspark_controller.sim.synthetic import TrueCurve, synth_step  # noqa: E402
 
 
 def subprocess_env() -> dict[str, str]:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from dspark_controller.planner import UniformTimes, learn_step_time, plan_lagged
-from dspark_controller.sps_model import SpsModel, SpsModelConfig
+from dspark_controller.core.method import plan_lagged
+from dspark_controller.core.strategies import UniformTimes, learn_step_time
+from dspark_controller.core.sps_model import SpsModel, SpsModelConfig
 
 GAMMA = 4
 STEPS = 1500

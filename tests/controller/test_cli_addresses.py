@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from dsc_helpers import fingerprint, run_cli
-from dspark_controller.client import ControllerClient
-from dspark_controller.endpoints import ConfigError, check_endpoint
+from dspark_controller.service.client import ControllerClient
+from dspark_controller.service.endpoints import ConfigError, check_endpoint
 
 FORMS = "expected tcp://HOST:PORT"
 

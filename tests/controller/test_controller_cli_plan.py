@@ -9,9 +9,9 @@ import pytest
 
 from dsc_helpers import fingerprint, run_cli
 from dspark_controller.cli import main
-from dspark_controller.profile_file import ErrorMetrics, ProfileFile, SpsModelState, make_provenance, save_profile
-from dspark_controller.sim import CURVES, synth_step
-from dspark_controller.sps_model import SpsModel
+from dspark_controller.core.profile_file import ErrorMetrics, ProfileFile, SpsModelState, make_provenance, save_profile
+from dspark_controller.sim.synthetic import CURVES, synth_step
+from dspark_controller.core.sps_model import SpsModel
 
 APPENDIX = ["[[0.8]]", "--sps", "1:1.0,2:0.5,3:0.45"]
 

@@ -13,12 +13,12 @@ import numpy as np
 import zmq
 
 from dsc_helpers import fingerprint, free_port, replay, request, run_cli, run_threads, wait_for
-from dspark_controller.planner import compute_lagged_budget, expected_throughput, plan_lagged
-from dspark_controller.profile_file import load_profile
-from dspark_controller.protocol import (
+from dspark_controller.core.method import compute_lagged_budget, expected_throughput, plan_lagged
+from dspark_controller.core.profile_file import load_profile
+from dspark_controller.service.protocol import (
     PROTOCOL_VERSION, Heartbeat, Register, StatusRequest, StepTelemetry, TelemetryBatch, encode,
 )
-from dspark_controller.sim import CURVES, DEFAULT_ACCEPTANCE
+from dspark_controller.sim.synthetic import CURVES, DEFAULT_ACCEPTANCE
 
 GAMMA = 7
 
@@ -292,8 +292,8 @@ def test_profile_follows_a_30_percent_drift_reported_by_many_workers(controllers
 
 
 def test_overload_sheds_stale_steps_and_caps_learning_in_process():
-    from dspark_controller.protocol import Register
-    from dspark_controller.server import Controller, ControllerConfig
+    from dspark_controller.service.protocol import Register
+    from dspark_controller.service.server import Controller, ControllerConfig
 
     class NullSock:
         def send_multipart(self, *a, **k):

@@ -9,10 +9,7 @@ import numpy as np
 import pytest
 
 from dsc_helpers import CONTROLLER_DIR  # noqa: F401  (sys.path set-up)
-from dspark_controller.planner import (
-    PlanError, PlanPolicy, compute_lagged_budget, expected_throughput, plan, plan_exact, plan_lagged,
-    sps_from_pairs, survival_products,
-)
+from dspark_controller.core.method import (PlanError, PlanPolicy, compute_lagged_budget, expected_throughput, plan, plan_exact, plan_lagged, sps_from_pairs, survival_products)
 
 APPENDIX_A = sps_from_pairs([(1, 1.0), (2, 0.5), (3, 0.45)])
 
@@ -254,8 +251,8 @@ class _Draw:
 
 
 def test_explore_budget_fills_the_thinnest_profile_cell_on_half_the_draws():
-    from dspark_controller.planner import explore_budget
-    from dspark_controller.sps_model import SpsModel
+    from dspark_controller.core.strategies import explore_budget
+    from dspark_controller.core.sps_model import SpsModel
 
     m = SpsModel()
     for _ in range(50):                          # R = 4 measured only at B = 4..12 (budgets 0..8)

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 
 from dsc_helpers import fingerprint
-from dspark_controller.profile_file import (
+from dspark_controller.core.profile_file import (
     ErrorMetrics, ProfileFile, SpsModelState, export_json_schema, load_profile, make_provenance, save_profile,
 )
-from dspark_controller.protocol import (
+from dspark_controller.service.protocol import (
     PROTOCOL_VERSION, BudgetDecision, DecodeError, Heartbeat, PolicySpec, ProfileUpdate, Register,
     StatusRequest, StepTelemetry, TelemetryBatch, decode_frames, encode, encode_pub,
 )
-from dspark_controller.sim import CURVES, synth_step
-from dspark_controller.sps_model import SpsModel
+from dspark_controller.sim.synthetic import CURVES, synth_step
+from dspark_controller.core.sps_model import SpsModel
 
 
 def step(seq=0, **kw):
@@ -214,7 +214,7 @@ def _learned_model() -> SpsModel:
 
 
 def test_decision_curve_is_never_applied_at_another_batch_size():
-    from dspark_controller.protocol import SpsAdditiveTable, SpsTable
+    from dspark_controller.service.protocol import SpsAdditiveTable, SpsTable
 
     m = _learned_model()
     table = SpsTable(**m.to_sglang_cost_table(num_requests=4, b_min=4, b_max=20))
@@ -230,8 +230,8 @@ def test_decision_curve_is_never_applied_at_another_batch_size():
 
 
 def test_client_carries_the_curve_forward_only_where_it_applies():
-    from dspark_controller.client import carry_curve
-    from dspark_controller.protocol import SpsAdditiveTable, SpsTable
+    from dspark_controller.service.client import carry_curve
+    from dspark_controller.service.protocol import SpsAdditiveTable, SpsTable
 
     m = _learned_model()
     table = SpsTable(**m.to_sglang_cost_table(num_requests=4, b_min=4, b_max=20))

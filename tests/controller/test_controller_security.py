@@ -9,7 +9,7 @@ import time
 import zmq.auth
 
 from dsc_helpers import fingerprint, free_port, replay, run_cli, subprocess_env, wait_for
-from dspark_controller.sim import CURVES
+from dspark_controller.sim.synthetic import CURVES
 
 
 def test_public_tcp_bind_without_curve_is_refused(short_tmp):

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from dsc_helpers import CONTROLLER_DIR  # noqa: F401
-from dspark_controller.planner import compute_lagged_budget
-from dspark_controller.sim import CURVES, TrueCurve, decision_quality, random_confidences, synth_step
-from dspark_controller.sps_model import PriorCurve, SpsModel, SpsModelConfig
+from dspark_controller.core.method import compute_lagged_budget
+from dspark_controller.sim.synthetic import CURVES, TrueCurve, decision_quality, random_confidences, synth_step
+from dspark_controller.core.sps_model import PriorCurve, SpsModel, SpsModelConfig
 
 
 def feed(model, curve, n, seed, **kw):

@@ -1,4 +1,4 @@
-"""dspark_controller.policy: the one budget policy (worker, controller mode, simulator)."""
+"""dspark_controller.core.policy: the one budget policy (worker, controller mode, simulator)."""
 
 import dataclasses
 import json
@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dspark_controller.planner import UniformTimes
-from dspark_controller.policy import BudgetPolicy, Decision, PolicyConfig
+from dspark_controller.core.strategies import UniformTimes
+from dspark_controller.core.policy import BudgetPolicy, Decision, PolicyConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
 from policy_replay import GAMMA, fresh_model, learn, replay  # noqa: E402
@@ -86,7 +86,7 @@ def test_declines_without_a_ready_model():
 
 
 def test_policy_module_imports_no_torch_and_no_sglang():
-    code = ("import sys, dspark_controller.policy; "
+    code = ("import sys, dspark_controller.core.policy; "
             "bad = [m for m in ('torch', 'sglang', 'sglang_dspark', 'zmq') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -98,9 +98,9 @@ def test_policy_module_imports_no_torch_and_no_sglang():
 # tests/unit/test_budget.py when BudgetBrain and the simulator's PlannerBrain became this
 # one object).  ``_old(...)`` is the config the old worker brain ran with: no calibration
 # and no admission gain unless a test turns them on, so the expectations stand as written.
-from dspark_controller.planner import survival_to_confidences  # noqa: E402
-from dspark_controller.policy import SurvivalCalibrator  # noqa: E402
-from dspark_controller.sps_model import SpsModel, SpsModelConfig  # noqa: E402
+from dspark_controller.core.method import survival_to_confidences  # noqa: E402
+from dspark_controller.core.policy import SurvivalCalibrator  # noqa: E402
+from dspark_controller.core.sps_model import SpsModel, SpsModelConfig  # noqa: E402
 
 
 def _old(**kw) -> PolicyConfig:
@@ -281,7 +281,7 @@ def test_a_controller_decision_is_planned_on_the_controllers_whole_profile_when_
 
 
 def test_uniform_comparison_prices_a_controller_plan_with_the_local_profile():
-    from dspark_controller.planner import local_theta
+    from dspark_controller.core.strategies import local_theta
 
     fleet, local = SpsModel(), SpsModel()
     for _ in range(20):
@@ -307,7 +307,7 @@ def test_uniform_comparison_prices_a_controller_plan_with_the_local_profile():
 
 
 def test_fast_lagged_budget_equals_the_explained_planner():
-    from dspark_controller.planner import clean_survival, compute_lagged_budget, lagged_budget_fast
+    from dspark_controller.core.method import clean_survival, compute_lagged_budget, lagged_budget_fast
 
     rng = np.random.default_rng(3)
     model = SpsModel()
@@ -333,7 +333,7 @@ def test_fast_lagged_budget_equals_the_explained_planner():
 
 
 def test_clean_survival_matches_what_the_planner_assumes():
-    from dspark_controller.planner import clean_survival
+    from dspark_controller.core.method import clean_survival
 
     s = clean_survival([[np.nan, 0.5, 0.7], [1.5, -0.2, np.inf], [0.9, 0.8, 0.85]])
     assert s.tolist() == [[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.9, 0.8, 0.8]]
@@ -366,7 +366,7 @@ class _Draws:
 
 
 def test_prefer_uniform_rechecks_only_thin_ragged_cells():
-    from dspark_controller.planner import BOUNDARY_CHECK_PROB, BOUNDARY_MIN_SAMPLES, prefer_uniform
+    from dspark_controller.core.strategies import BOUNDARY_CHECK_PROB, BOUNDARY_MIN_SAMPLES, prefer_uniform
 
     thin, thick = SpsModel(), SpsModel()
     for b in range(1, 6):
@@ -391,8 +391,7 @@ def test_prefer_uniform_rechecks_only_thin_ragged_cells():
 
 
 def test_a_near_tie_keeps_rechecking_at_a_fading_share():
-    from dspark_controller.planner import (BOUNDARY_CHECK_PROB, BOUNDARY_MIN_SAMPLES, BOUNDARY_NEAR,
-                                           boundary_check_probability, prefer_uniform)
+    from dspark_controller.core.strategies import (BOUNDARY_CHECK_PROB, BOUNDARY_MIN_SAMPLES, BOUNDARY_NEAR, boundary_check_probability, prefer_uniform)
 
     n = int(2 * BOUNDARY_MIN_SAMPLES)
     thick = SpsModel()
@@ -421,7 +420,7 @@ def test_a_near_tie_keeps_rechecking_at_a_fading_share():
 def test_policy_rechecks_a_thin_ragged_plan_on_a_share_of_steps():
     """Uniform measured faster than a ragged plan the profile has barely seen: the policy
     still runs that plan on about BOUNDARY_CHECK_PROB of the steps (counted)."""
-    from dspark_controller.planner import BOUNDARY_CHECK_PROB
+    from dspark_controller.core.strategies import BOUNDARY_CHECK_PROB
 
     model = SpsModel(config=SpsModelConfig(min_ready_samples=5))
     for b in range(1, 6):                  # one sample per ragged budget: ready, but thin
@@ -442,7 +441,7 @@ def test_policy_rechecks_a_thin_ragged_plan_on_a_share_of_steps():
 
 
 def test_exploration_schedule_follows_the_rows_thinness():
-    from dspark_controller.planner import exploration_probability
+    from dspark_controller.core.strategies import exploration_probability
 
     cfg = PolicyConfig()        # young 0.25 for 200 steps, then 0.03, 0.01 on a settled row
     assert exploration_probability(cfg, 10) == 0.25                       # unknown row: by steps
@@ -455,7 +454,7 @@ def test_exploration_schedule_follows_the_rows_thinness():
 
 
 def test_row_thinness_counts_the_ragged_cells_only():
-    from dspark_controller.planner import row_thinness
+    from dspark_controller.core.strategies import row_thinness
 
     model = SpsModel()
     assert row_thinness(model, num_req=1, full=4) == 0.0
@@ -469,7 +468,7 @@ def test_row_thinness_counts_the_ragged_cells_only():
 
 
 def test_explore_now_draws_once_and_only_when_a_branch_can_explore():
-    from dspark_controller.planner import explore_now
+    from dspark_controller.core.strategies import explore_now
 
     model = SpsModel()
     cfg = PolicyConfig()
@@ -521,7 +520,7 @@ def test_probe_budget_steps_to_a_neighbour_on_a_small_share_of_steps():
     the draft tokens, clipped to the ragged budgets; from a full budget only down; one draw."""
     import random
 
-    from dspark_controller.planner import PROBE_PROB, PROBE_STEP, probe_budget
+    from dspark_controller.core.strategies import PROBE_PROB, PROBE_STEP, probe_budget
 
     rng = random.Random(1)
     n, full, k = 20000, 128, 40
@@ -547,7 +546,7 @@ def test_admission_gain_learns_each_kind_and_tips_the_uniform_comparison():
     enough steps; the policy scales each side of its uniform comparison by its own factor
     (learned through observe_step) and records the plan's uncorrected expected drafts for
     the worker to compare."""
-    from dspark_controller.planner import ADMISSION_MIN_STEPS, AdmissionGain, admitted_theta
+    from dspark_controller.core.strategies import ADMISSION_MIN_STEPS, AdmissionGain, admitted_theta
 
     g = AdmissionGain()
     for _ in range(ADMISSION_MIN_STEPS - 1):

@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 
 from dsc_helpers import fingerprint, free_port, replay, run_cli, wait_for
-from dspark_controller.profile_file import EngineFingerprint, load_profile, save_profile
-from dspark_controller.profile_tools import build_profile, load_any, schema_text
-from dspark_controller.sim import CURVES
+from dspark_controller.core.profile_file import EngineFingerprint, load_profile, save_profile
+from dspark_controller.profiling.tools import build_profile, load_any, schema_text
+from dspark_controller.sim.synthetic import CURVES
 
 REPO = Path(__file__).resolve().parents[2]
 GAMMA = 4
@@ -441,7 +441,7 @@ def test_unreachable_server_is_a_clear_failure(tmp_path):
 def test_progress_bar_on_a_tty_and_plain_lines_otherwise():
     import io
 
-    from dspark_controller.profiling import Progress
+    from dspark_controller.profiling.live import Progress
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:
@@ -604,7 +604,7 @@ def test_validate_accepts_good_files_and_names_the_problem_in_bad_ones(tmp_path)
 def _noisy_unconverged_profile(path: Path) -> Path:
     """A profile like one measured on a busy machine: steps scattered over a factor of ~20 (the
     fit misses held-out steps by several hundred percent) and a sweep that hit --max-passes."""
-    from dspark_controller.profile_file import Measurement
+    from dspark_controller.core.profile_file import Measurement
 
     rng = np.random.default_rng(4)
     samples = []
@@ -644,7 +644,7 @@ def test_validate_reports_error_and_convergence_and_strict_fails_on_them(tmp_pat
 
 
 def test_validate_strict_threshold_is_one_number():
-    from dspark_controller import profile_cli, profile_tools
+    from dspark_controller.profiling import cli as profile_cli, tools as profile_tools
 
     assert profile_cli.STRICT_MAX_HELDOUT_ERROR == profile_tools.STRICT_MAX_HELDOUT_ERROR == 0.25
 

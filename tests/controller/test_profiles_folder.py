@@ -15,8 +15,8 @@ import signal
 from pathlib import Path
 
 from dsc_helpers import ControllerProc, fingerprint, replay, subprocess_env, wait_for
-from dspark_controller.profile_file import default_profiles_dir, load_profile
-from dspark_controller.sim import CURVES
+from dspark_controller.core.profile_file import default_profiles_dir, load_profile
+from dspark_controller.sim.synthetic import CURVES
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from dsc_helpers import run_cli
-from dspark_controller.simulate import (PAPER_TAU, Domain, LengthDist, Scenario, Workload, acceptance_from_tau,
+from dspark_controller.sim.simulate import (PAPER_TAU, Domain, LengthDist, Scenario, Workload, acceptance_from_tau,
                                         decision_quality, frontier_anchors, load_scenario, run_frontier,
                                         run_timeline, scenario_from_dict)
-from dspark_controller.sim_roofline import Drift, build_roofline
+from dspark_controller.sim.roofline import Drift, build_roofline
 
 
 def _gpu(name: str = "gpu-70b-h200", **kw) -> Scenario:
@@ -123,7 +123,7 @@ def test_seeded_runs_do_not_depend_on_the_host_clock(monkeypatch):
     attached at the same steps) and the same numbers, every policy."""
     import types
 
-    import dspark_controller.server as srv
+    import dspark_controller.service.server as srv
 
     sc = _gpu(levels=[8, 48], steps=150, warmup_steps=50)
     pols = ["upstream", "online", "controller", "sla", "oracle"]
@@ -233,7 +233,7 @@ def test_online_profile_recovers_after_a_30pct_drift():
 def test_measured_nospec_and_static_step_tables(tmp_path):
     """Per-R tables replace the profile-derived no-speculation and static verify-all steps
     (interpolated in R); the other DSpark policies keep the profile's t(R, B)."""
-    from dspark_controller.sim_roofline import ProfileCost, _interp_r, _rtable
+    from dspark_controller.sim.roofline import ProfileCost, _interp_r, _rtable
 
     tab = _rtable({"1": 0.02, "4": 0.05, 16: 0.11}, "x")
     assert _interp_r(tab, 1) == pytest.approx(0.02) and _interp_r(tab, 2) == pytest.approx(0.03)
@@ -302,11 +302,11 @@ def test_cli_refuses_bad_input_with_exit_2(tmp_path):
 
 
 def test_planner_path_equals_the_workers_own_code():
-    """Both backends run the one policy (dspark_controller.policy.BudgetPolicy); the SGLang-free
+    """Both backends run the one policy (dspark_controller.core.policy.BudgetPolicy); the SGLang-free
     table lookup and top-K make the same decisions as SGLang's compute_verify_token_budget and
     its top-K admission (same budgets, step for step)."""
     pytest.importorskip("sglang")
-    from dspark_controller.sim_policies import Backend
+    from dspark_controller.sim.policies import Backend
 
     try:
         worker = Backend("worker")
@@ -323,8 +323,8 @@ def test_planner_path_equals_the_workers_own_code():
 
 
 def test_warmup_ramp_is_validated_and_full_budget_static_steps_cost_a_static_step(monkeypatch):
-    import dspark_controller.simulate as S
-    from dspark_controller.sim_roofline import ProfileCost
+    import dspark_controller.sim.simulate as S
+    from dspark_controller.sim.roofline import ProfileCost
 
     with pytest.raises(ValueError, match="warmup_level"):
         scenario_from_dict({"base": "gpu-70b-h200", "warmup_level": [1, 0]})
@@ -350,9 +350,9 @@ def test_uniform_path_steps_stay_out_of_ready_profiles_in_worker_controller_and_
     to a profile only while that profile is not ready yet."""
     import numpy as np
 
-    from dspark_controller.policy import PolicyConfig
-    from dspark_controller.sim_policies import Backend, ControllerPolicy, SimController
-    from dspark_controller.sps_model import SpsModel
+    from dspark_controller.core.policy import PolicyConfig
+    from dspark_controller.sim.policies import Backend, ControllerPolicy, SimController
+    from dspark_controller.core.sps_model import SpsModel
 
     ctrl = SimController(gamma=4)
     pol = ControllerPolicy(Backend("planner"), SpsModel(), PolicyConfig(), ctrl, 0, "controller")

@@ -24,8 +24,8 @@ def cli(*args: str, timeout: float = 240.0) -> subprocess.CompletedProcess:
 
 
 def test_profile_a_live_cpu_server_and_load_the_export_in_sglang(tiny_pair, tmp_path):
-    from dspark_controller.profile_file import load_profile
-    from dspark_controller.profile_tools import load_any
+    from dspark_controller.core.profile_file import load_profile
+    from dspark_controller.profiling.tools import load_any
     from sglang.srt.speculative.dspark_components.dspark_sps import (SpsAdditiveCostTable, SpsCostTable,
                                                                       load_sps_table_from_path)
 

@@ -52,6 +52,13 @@ def test_budgets_fall_with_load_from_online_profile(bench_pair, monkeypatch):
     plugin = info["sglang_dspark"]
     assert plugin["local_profile"]["ready"]
     assert plugin["budget_sources"].get("local", 0) > 20, plugin["budget_sources"]
+    # no table was given: the young profile's steps are warm-up, never "table" steps, and
+    # the start-up line answers SGLang's "uninitialized table" warning
+    assert plugin["online"] is True and "table" not in plugin["budget_sources"], plugin["budget_sources"]
+    assert plugin["budget_sources"].get("warmup", 0) > 0, plugin["budget_sources"]
+    log = srv.log_path.read_text()
+    assert "verify budgets: this engine's online step-time profile" in log
+    assert "SPS table is uninitialized does not apply" in log
     gamma = info["gamma"]
     recs = [r for r in info["records"][n_before:] if r.get("budget") is not None]
     low = [r["budget"] / r["num_running_reqs"] for r in recs if r["num_running_reqs"] == 1]

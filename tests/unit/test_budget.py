@@ -1,6 +1,6 @@
 """The worker's side of the budget policy (no engine): the numpy adapter, the policy's
 config from the settings, and the full-budget layout shortcut.  The policy itself
-(dspark_controller.policy.BudgetPolicy) is tested in tests/controller/test_policy.py."""
+(dspark_controller.core.policy.BudgetPolicy) is tested in tests/controller/test_policy.py."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def test_host_array_gives_the_same_float64_array_for_a_cpu_tensor_and_numpy():
 
 
 def test_policy_config_from_settings():
-    from dspark_controller.policy import PolicyConfig
+    from dspark_controller.core.policy import PolicyConfig
     from sglang_dspark.budget import policy_config
     from sglang_dspark.settings import Settings
 

@@ -49,10 +49,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from .planner import (PROBE_PROB, PROBE_STEP, AdmissionGain, _operator_pinned, admitted_theta,
-                      budget_from_controller, clean_survival, clip01, compute_lagged_budget,
-                      controller_allows_uniform, explore_budget, explore_now, lagged_budget_fast, local_theta,
-                      prefer_uniform, probe_budget, survival_to_confidences, uniform_throughput)
+from dspark_controller.core.method import (clean_survival, clip01, compute_lagged_budget, lagged_budget_fast, survival_to_confidences)
+from dspark_controller.core.strategies import (PROBE_PROB, PROBE_STEP, AdmissionGain, _operator_pinned, admitted_theta, budget_from_controller, controller_allows_uniform, explore_budget, explore_now, local_theta, prefer_uniform, probe_budget, uniform_throughput)
 
 __all__ = ["PolicyConfig", "Decision", "SurvivalCalibrator", "BudgetPolicy"]
 

@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
 
-from . import __version__
+from dspark_controller import __version__
 
 __all__ = [
     "PROFILE_SCHEMA_VERSION",
@@ -173,7 +173,7 @@ class SpsModelState(BaseModel):
         return v
 
     def to_model(self) -> Any:
-        from .sps_model import SpsModel
+        from dspark_controller.core.sps_model import SpsModel
 
         return SpsModel.from_state(self.model_dump())
 

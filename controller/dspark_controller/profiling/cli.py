@@ -55,7 +55,7 @@ def _csv(text: str, kind: type, what: str) -> list[Any]:
 
 
 def _load(path: str) -> Any:
-    from .profile_tools import ProfileToolError, load_any
+    from dspark_controller.profiling.tools import ProfileToolError, load_any
 
     try:
         return load_any(path)
@@ -76,10 +76,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _profile_passive(args: argparse.Namespace) -> int:
-    from .profile_file import save_profile
-    from .profiling import ProfilingError, fetch_from_controller
+    from dspark_controller.core.profile_file import save_profile
+    from dspark_controller.profiling.live import ProfilingError, fetch_from_controller
 
-    from .endpoints import ConfigError, check_endpoint
+    from dspark_controller.service.endpoints import ConfigError, check_endpoint
 
     active_only = [f for f, v in (("--concurrency", args.concurrency), ("--fractions", args.fractions),
                                   ("--resume", args.resume)) if v]
@@ -91,10 +91,10 @@ def _profile_passive(args: argparse.Namespace) -> int:
         raise _usage(str(exc)) from None
     curve = None
     if args.curve_server_key or args.curve_client_cert:
-        from .cli import _curve_client_opts
+        from dspark_controller.service.endpoints import curve_client_options
 
         try:
-            server_key, keys = _curve_client_opts(args)
+            server_key, keys = curve_client_options(args.curve_server_key, args.curve_client_cert)
         except Exception as exc:
             raise _usage(str(exc)) from None
         curve = (server_key, keys)
@@ -115,7 +115,7 @@ def _profile_passive(args: argparse.Namespace) -> int:
 
 
 def _profile_active(args: argparse.Namespace) -> int:
-    from .profiling import ProfileSettings, ProfilingError, Progress
+    from dspark_controller.profiling.live import ProfileSettings, ProfilingError, Progress
 
     passive_only = [f for f, v in (("--profile-key", args.profile_key),) if v]
     if passive_only:
@@ -142,7 +142,7 @@ def _profile_active(args: argparse.Namespace) -> int:
               "(use --resume to continue it instead)", file=sys.stderr)
     progress = Progress(enabled=not args.quiet)
     if args.launch:
-        from .profiling import LaunchedServer
+        from dspark_controller.profiling.live import LaunchedServer
 
         try:
             launched = LaunchedServer(args.launch, message=progress.message)
@@ -159,8 +159,8 @@ def _profile_active(args: argparse.Namespace) -> int:
 
 
 def _run_active(s: Any, progress: Any, args: argparse.Namespace) -> int:
-    from .profile_tools import format_table
-    from .profiling import ActiveProfiler, ProfilingError
+    from dspark_controller.profiling.tools import format_table
+    from dspark_controller.profiling.live import ActiveProfiler, ProfilingError
 
     prof = ActiveProfiler(s, progress=progress)
     try:
@@ -200,7 +200,7 @@ def _run_active(s: Any, progress: Any, args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ show / diff / validate
 def cmd_show(args: argparse.Namespace) -> int:
-    from .profile_tools import budget_rows, budget_table, format_table, summary_table
+    from dspark_controller.profiling.tools import budget_rows, budget_table, format_table, summary_table
 
     lp = _load(args.file)
     if not lp.model.ready:
@@ -212,7 +212,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     levels = _csv(args.levels, int, "--levels") if args.levels else None
     brows = budget_rows(lp, confs, levels=levels)
     if args.json:
-        from .profile_tools import sample_cells
+        from dspark_controller.profiling.tools import sample_cells
 
         out = {"file": args.file, "kind": lp.kind, "description": lp.describe(), "cells": sample_cells(lp.samples),
                "budgets": brows}
@@ -235,8 +235,8 @@ def cmd_show(args: argparse.Namespace) -> int:
               "confidence c)")
         print(format_table(*budget_table(brows)))
     if args.png:
-        from .plots import plot_profile
-        from .profile_tools import ProfileToolError
+        from dspark_controller.profiling.plots import plot_profile
+        from dspark_controller.profiling.tools import ProfileToolError
 
         try:
             plot_profile(lp, args.png, confidences=confs, levels=levels)
@@ -248,7 +248,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from .profile_tools import ProfileToolError, diff_profiles, format_table
+    from dspark_controller.profiling.tools import ProfileToolError, diff_profiles, format_table
 
     a, b = _load(args.a), _load(args.b)
     levels = _csv(args.levels, int, "--levels") if args.levels else None
@@ -276,7 +276,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
               f"{pct(sm['mean_abs_rel_diff_measured_in_both'])}; held-out error A {pct(sm['heldout_error_a'])}, "
               f"B {pct(sm['heldout_error_b'])}")
     if args.png:
-        from .plots import plot_diff
+        from dspark_controller.profiling.plots import plot_diff
 
         try:
             plot_diff(a, b, d.rows, args.png)
@@ -292,7 +292,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .profile_tools import validate_file
+    from dspark_controller.profiling.tools import validate_file
 
     if not 0.0 < args.max_error:
         raise _usage(f"--max-error {args.max_error:g}: give the largest acceptable held-out error as a fraction "
@@ -321,7 +321,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ schema / export / import
 def cmd_schema(args: argparse.Namespace) -> int:
-    from .profile_tools import schema_text
+    from dspark_controller.profiling.tools import schema_text
 
     text = schema_text()
     if args.check:
@@ -337,7 +337,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
         print(f"{p} is up to date")
         return EXIT_OK
     if args.out:
-        from .profile_tools import write_text_atomic
+        from dspark_controller.profiling.tools import write_text_atomic
 
         write_text_atomic(args.out, text)
         print(f"wrote {args.out}")
@@ -347,14 +347,14 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .profile_tools import ProfileToolError, default_num_requests, export_table, write_json_atomic
+    from dspark_controller.profiling.tools import ProfileToolError, default_num_requests, export_table, write_json_atomic
 
     lp = _load(args.file)
     try:
         table = export_table(lp, args.format, num_requests=args.num_requests, b_min=args.b_min, b_max=args.b_max)
     except ProfileToolError as exc:
         raise _usage(str(exc)) from None
-    from .profile_tools import extrapolation_warnings
+    from dspark_controller.profiling.tools import extrapolation_warnings
 
     for w in extrapolation_warnings(lp, num_requests=args.num_requests, b_max=args.b_max):
         print(f"warning: {w}", file=sys.stderr)
@@ -362,7 +362,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(json.dumps(table))
         return EXIT_OK
     write_json_atomic(args.out, table, indent=None)
-    from .profile_tools import sglang_table_loader
+    from dspark_controller.profiling.tools import sglang_table_loader
 
     load_sps_table_from_path = sglang_table_loader()
     if load_sps_table_from_path is None:
@@ -387,8 +387,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from .profile_file import EngineFingerprint, save_profile
-    from .profile_tools import ProfileToolError, import_table
+    from dspark_controller.core.profile_file import EngineFingerprint, save_profile
+    from dspark_controller.profiling.tools import ProfileToolError, import_table
 
     try:
         fp = EngineFingerprint(target_model=args.target_model, draft_model=args.draft_model or "", gamma=args.gamma,

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .planner import compute_lagged_budget, expected_throughput, plan_exact
+from dspark_controller.core.method import compute_lagged_budget, expected_throughput, plan_exact
 
 __all__ = ["TrueCurve", "CURVES", "DEFAULT_ACCEPTANCE", "SynthStep", "synth_step", "decision_quality",
            "random_confidences", "learned_sps"]
@@ -89,7 +89,7 @@ def decision_quality(learned_sps: Callable[[Any], Any], true_sps: Callable[[Any]
     if algorithm == "lagged":
         k_learned = compute_lagged_budget(confidences, learned_sps).budget_tokens
         k_oracle = compute_lagged_budget(confidences, true_sps).budget_tokens
-        from .planner import plan_lagged
+        from dspark_controller.core.method import plan_lagged
 
         p_l = plan_lagged(confidences, learned_sps, budget=k_learned)
         p_o = plan_lagged(confidences, true_sps, budget=k_oracle)

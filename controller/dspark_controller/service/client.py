@@ -34,8 +34,8 @@ from typing import Any, Optional, Union
 
 import zmq
 
-from .endpoints import check_endpoint, connectable, load_curve_keypair, load_curve_public_key
-from .protocol import (
+from dspark_controller.service.endpoints import check_endpoint, connectable, load_curve_keypair, load_curve_public_key
+from dspark_controller.service.protocol import (
     DEFAULT_MAX_MESSAGE_BYTES, MAX_STEPS_PER_BATCH, BudgetDecision, DecodeError, DropCounter,
     EngineFingerprint, Heartbeat, HeartbeatAck, ProfileUpdate, RateLimitedLog, Register,
     RegisterAck, StepTelemetry, TelemetryBatch, decision_topic, decode_frames, encode,
@@ -44,7 +44,7 @@ from .protocol import (
 
 __all__ = ["ControllerClient"]
 
-logger = logging.getLogger("dspark_controller.client")
+logger = logging.getLogger("dspark_controller.service.client")
 
 CurveKeys = Union[tuple[bytes, bytes], str, os.PathLike]
 
@@ -70,7 +70,7 @@ class ControllerClient:
     -------------------------
     address: the controller's worker endpoint, ``tcp://HOST:PORT`` or ``ipc://PATH`` (e.g.
         ``tcp://127.0.0.1:7150``); anything else raises ``endpoints.ConfigError`` here
-        (:func:`~dspark_controller.endpoints.check_endpoint`).
+        (:func:`~dspark_controller.service.endpoints.check_endpoint`).
     fingerprint: the engine's :class:`EngineFingerprint` (selects the shared profile).
     engine_id: unique id of this engine/rank (``[A-Za-z0-9_.:@/+=-]{1,128}``).
     worker_id: free-form worker id (defaults to ``host:pid``).

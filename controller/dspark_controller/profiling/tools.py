@@ -3,7 +3,7 @@
 Everything here works on files and in-memory objects only (no server, no controller):
 
 * :func:`build_profile` turns measured ``(R, B, step_time_s)`` samples into a
-  :class:`~dspark_controller.profile_file.ProfileFile` (fit on a training split, error
+  :class:`~dspark_controller.core.profile_file.ProfileFile` (fit on a training split, error
   reported on a held-out split);
 * :func:`load_any` reads a DSpark profile or an SGLang ``SpsCostTable`` /
   ``SpsAdditiveCostTable`` JSON; :func:`validate_file` checks one;
@@ -22,9 +22,9 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .profile_file import (EngineFingerprint, ErrorMetrics, Measurement, ProfileFile, SpsModelState,
+from dspark_controller.core.profile_file import (EngineFingerprint, ErrorMetrics, Measurement, ProfileFile, SpsModelState,
                            export_json_schema, make_provenance)
-from .sps_model import ErrorSummary, PriorCurve, SpsModel, SpsModelConfig
+from dspark_controller.core.sps_model import ErrorSummary, PriorCurve, SpsModel, SpsModelConfig
 
 __all__ = [
     "ProfileToolError", "LoadedProfile", "build_profile", "load_any", "validate_file", "FileCheck",
@@ -468,7 +468,7 @@ def budget_rows(lp: LoadedProfile, confidences: Sequence[float], *,
     Every running request is given the same per-position conditional confidence c (so the
     survival of draft position j is c^j); K is the draft-token budget, B = R + K.
     """
-    from .planner import compute_lagged_budget
+    from dspark_controller.core.method import compute_lagged_budget
 
     g = gamma or lp.gamma or 7
     out = []

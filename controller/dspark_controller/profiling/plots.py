@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .profile_tools import LoadedProfile, ProfileToolError, budget_rows, load_levels, sample_cells
+from dspark_controller.profiling.tools import LoadedProfile, ProfileToolError, budget_rows, load_levels, sample_cells
 
 __all__ = ["plot_profile", "plot_diff"]
 

@@ -5,7 +5,7 @@ Every DSpark policy chooses a draft-token budget K per step from *lagged* surviv
 SGLang's ``HostConfidenceBudgetPlanner._two_steps_prior_survival``), and the step then
 verifies the global top-K of the live survival products.
 
-K comes from the worker's own policy object, :class:`dspark_controller.policy.BudgetPolicy`
+K comes from the worker's own policy object, :class:`dspark_controller.core.policy.BudgetPolicy`
 (the one the worker's ``OnlineBudgetPlanner`` calls: exploration, controller decision,
 local online :class:`SpsModel`, probes, the uniform-path gate with admission gain, survival
 calibration), fed back after each step as the worker feeds it (``observe_step`` and
@@ -16,11 +16,11 @@ calibration), fed back after each step as the worker feeds it (``observe_step`` 
     ``upstream``, and SGLang's ``schedule_verify_lens_topk_from_survival`` for the live
     top-K admission. Importing them imports SGLang (10-25 s).
 ``planner``
-    no SGLang import: :func:`dspark_controller.planner.compute_lagged_budget` over the
-    table for ``upstream`` and :func:`~dspark_controller.planner.plan_lagged` for the top-K.
+    no SGLang import: :func:`dspark_controller.core.method.compute_lagged_budget` over the
+    table for ``upstream`` and :func:`~dspark_controller.core.method.plan_lagged` for the top-K.
 
 The ``controller`` and ``sla`` policies run the real
-:class:`dspark_controller.server.Controller` in-process (no sockets): simulated steps go
+:class:`dspark_controller.service.server.Controller` in-process (no sockets): simulated steps go
 through ``Controller._on_step`` as ``StepTelemetry`` (the fields the worker's
 ``ControllerLink.publish`` sends), decisions come from ``Controller.decide`` every
 ``decision_interval_s`` of simulated time, and the worker side applies them through
@@ -35,9 +35,9 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .planner import (UniformTimes, compute_lagged_budget, learn_step_time, plan_lagged, sps_from_pairs,
-                      survival_to_confidences)
-from .policy import BudgetPolicy, PolicyConfig
+from dspark_controller.core.method import (compute_lagged_budget, plan_lagged, sps_from_pairs, survival_to_confidences)
+from dspark_controller.core.strategies import UniformTimes, learn_step_time
+from dspark_controller.core.policy import BudgetPolicy, PolicyConfig
 
 __all__ = ["Backend", "make_policy", "POLICY_NAMES", "SimController", "resolve_backend"]
 
@@ -143,7 +143,7 @@ def resolve_backend(name: str) -> Backend:
 
 # ------------------------------------------------------------------ controller in-process
 class SimController:
-    """The real :class:`~dspark_controller.server.Controller`, driven without sockets.
+    """The real :class:`~dspark_controller.service.server.Controller`, driven without sockets.
 
     One instance per policy run, shared by all simulated engines (one profile, as engines
     with the same fingerprint share one in production). ``send_verify_lens`` adds the
@@ -157,11 +157,11 @@ class SimController:
                  max_requests: int = 1024, max_batch_tokens: int = 8192) -> None:
         import logging
 
-        from .protocol import EngineFingerprint, PolicySpec
-        from .server import Controller, ControllerConfig, _Engine
-        from .sps_model import SpsModelConfig
+        from dspark_controller.service.protocol import EngineFingerprint, PolicySpec
+        from dspark_controller.service.server import Controller, ControllerConfig, _Engine
+        from dspark_controller.core.sps_model import SpsModelConfig
 
-        logging.getLogger("dspark_controller.server").setLevel(logging.WARNING)
+        logging.getLogger("dspark_controller.service.server").setLevel(logging.WARNING)
         mbt = 1 << max(6, int(np.ceil(np.log2(max(max_batch_tokens, 64)))))
         cfg = ControllerConfig(bind="ipc:///nonexistent/dspark-sim", profiles_dir=None, max_learn_steps_per_s=0,
                                policy=PolicySpec(mode=mode, floor_tok_s=floor, explore_prob=explore),
@@ -199,7 +199,7 @@ class SimController:
 
     def observe(self, idx: int, now: float, R: int, B: int, t: float, accepted: np.ndarray,
                 lengths: np.ndarray, uniform: bool = False) -> None:
-        from .protocol import StepTelemetry
+        from dspark_controller.service.protocol import StepTelemetry
 
         eng = self._engine(idx)
         self._seq[idx] += 1
@@ -212,7 +212,7 @@ class SimController:
 
     def latest(self, idx: int, now: float, R: int) -> Optional[Any]:
         """The decision the worker holds at ``now`` (refreshed every ``interval``)."""
-        from .client import carry_curve
+        from dspark_controller.service.client import carry_curve
 
         eng = self._engine(idx)
         last = self.decisions.get(idx)

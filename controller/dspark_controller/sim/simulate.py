@@ -49,9 +49,9 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from .policy import PolicyConfig
-from .sim_policies import POLICY_NAMES, Backend, make_policy, resolve_backend
-from .sim_roofline import CostModel, Drift, ProfileCost, RooflineCost, build_roofline
+from dspark_controller.core.policy import PolicyConfig
+from dspark_controller.sim.policies import POLICY_NAMES, Backend, make_policy, resolve_backend
+from dspark_controller.sim.roofline import CostModel, Drift, ProfileCost, RooflineCost, build_roofline
 
 __all__ = ["PAPER_TAU", "acceptance_from_tau", "Domain", "LengthDist", "Workload", "Scenario", "SCENARIOS",
            "load_scenario", "build_cost", "LevelResult", "run_frontier", "run_timeline", "frontier_anchors",
@@ -247,7 +247,7 @@ class Scenario:
     controller_explore: float = 0.03         # explore_prob of the controller policies
     send_verify_lens: bool = True            # telemetry with verify_lens, as the worker sends it since
                                              # 23b6a16 (False: the older telemetry, a what-if)
-    # overrides of the policy's PolicyConfig (dspark_controller.policy), e.g. {"probe": false}:
+    # overrides of the policy's PolicyConfig (dspark_controller.core.policy), e.g. {"probe": false}:
     # an ablation of our policy is a scenario setting
     policy_config: dict = field(default_factory=dict)
     upstream_table: Any = "static-probe"     # 'static-probe' (measured at start) | path | dict
@@ -339,7 +339,7 @@ def build_cost(sc: Scenario) -> CostModel:
     if kind == "roofline":
         return build_roofline(spec)
     if kind == "profile":
-        from .profile_tools import load_any
+        from dspark_controller.profiling.tools import load_any
 
         path = spec.pop("path")
         lp = load_any(str(path))
@@ -1036,8 +1036,8 @@ def add_subcommand(sub: Any) -> None:
     p.add_argument("--sla-floor", type=float, help="floor (tokens/s per user) of the 'sla' policy")
     p.add_argument("--anchors", help="per-user SLA anchors for the throughput table, e.g. 80,120")
     p.add_argument("--budget-code", choices=("auto", "worker", "planner"), default="auto",
-                   help="worker: run the one policy (dspark_controller.policy.BudgetPolicy) with SGLang's own budget/top-K code "
-                        "(imports SGLang, ~15 s); planner: dspark_controller.planner only; auto: worker if "
+                   help="worker: run the one policy (dspark_controller.core.policy.BudgetPolicy) with SGLang's own budget/top-K code "
+                        "(imports SGLang, ~15 s); planner: dspark_controller.core.method only; auto: worker if "
                         "SGLang imports (default)")
     p.add_argument("--send-verify-lens", action=argparse.BooleanOptionalAction, default=None,
                    help="controller telemetry includes each request's verify length, as the worker's "
@@ -1072,8 +1072,8 @@ def cmd_simulate(args: Any) -> int:
 def _cmd_simulate(args: Any) -> int:
     import sys
 
-    from .sim_report import write_outputs
-    from .sim_roofline import GPUS, MODELS
+    from dspark_controller.sim.report import write_outputs
+    from dspark_controller.sim.roofline import GPUS, MODELS
 
     if args.list:
         for name, mk in SCENARIOS.items():
@@ -1111,7 +1111,7 @@ def _cmd_simulate(args: Any) -> int:
     say = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     be = resolve_backend(args.budget_code)
     say(f"scenario {sc.name}; budget code: {be.name} "
-        f"({'BudgetPolicy + SGLang table/top-K' if be.name == 'worker' else 'BudgetPolicy + dspark_controller.planner'})")
+        f"({'BudgetPolicy + SGLang table/top-K' if be.name == 'worker' else 'BudgetPolicy + dspark_controller.core.method'})")
     cost = build_cost(sc)
     t0 = _time.perf_counter()
     results: list[LevelResult] = []

@@ -195,3 +195,13 @@ def load_curve_public_key(value: Union[str, bytes, os.PathLike]) -> bytes:
         return value.encode("ascii")
     public, _ = _read_cert(value)
     return public
+
+
+def curve_client_options(server_key, client_cert) -> tuple[Optional[bytes], Optional[tuple[bytes, bytes]]]:
+    """A CLI client's CurveZMQ options: (the controller's public key, this client's key pair)
+    from ``--curve-server-key`` / ``--curve-client-cert``; both or neither (ConfigError)."""
+    if (server_key is None) != (client_cert is None):
+        raise ConfigError("CurveZMQ needs both --curve-server-key and --curve-client-cert")
+    if server_key is None:
+        return None, None
+    return load_curve_public_key(server_key), load_curve_keypair(client_cert)

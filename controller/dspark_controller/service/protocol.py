@@ -36,7 +36,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from .profile_file import EngineFingerprint, ErrorMetrics, ProfileFile, SpsModelState
+from dspark_controller.core.profile_file import EngineFingerprint, ErrorMetrics, ProfileFile, SpsModelState
 
 __all__ = [
     "PROTOCOL_VERSION", "DEFAULT_MAX_MESSAGE_BYTES", "DROP_REASONS", "DecodeError",

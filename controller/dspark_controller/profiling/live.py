@@ -61,9 +61,9 @@ from typing import Any, Callable, Optional, Sequence, TextIO
 
 import numpy as np
 
-from .profile_file import EngineFingerprint, Measurement, ProfileFile, save_profile
-from .profile_tools import ProfileToolError, build_profile, write_json_atomic
-from .sps_model import SpsModel
+from dspark_controller.core.profile_file import EngineFingerprint, Measurement, ProfileFile, save_profile
+from dspark_controller.profiling.tools import ProfileToolError, build_profile, write_json_atomic
+from dspark_controller.core.sps_model import SpsModel
 
 __all__ = ["ProfilingError", "ServerGone", "ProfileSettings", "HttpServer", "ServerContext", "Progress",
            "ActiveProfiler", "RunResult", "fetch_from_controller", "ZERO_FRAC"]
@@ -1024,7 +1024,7 @@ def _controller_request(address: str, msg: Any, *, timeout: float, curve: Option
                         max_bytes: int = 256 << 20) -> Any:
     import zmq
 
-    from .protocol import DecodeError, decode_frames, encode
+    from dspark_controller.service.protocol import DecodeError, decode_frames, encode
 
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -1054,8 +1054,8 @@ def fetch_from_controller(address: str, *, profile_key: Optional[str] = None, ti
 
     Returns ``(profile, info)``; ``info`` has the controller id and the profile's status.
     """
-    from .profile_file import make_provenance
-    from .protocol import ErrorReply, ProfileReply, ProfileRequest, StatusReply, StatusRequest
+    from dspark_controller.core.profile_file import make_provenance
+    from dspark_controller.service.protocol import ErrorReply, ProfileReply, ProfileRequest, StatusReply, StatusRequest
 
     status = _controller_request(address, StatusRequest(), timeout=timeout, curve=curve)
     if isinstance(status, ErrorReply):

@@ -9,7 +9,7 @@ Sockets (all owned by the single event-loop thread):
 * ROUTER ``endpoints.cli``: StatusRequest and SetPolicy from ``dspark-controller``.
 
 Every engine belongs to the profile of its fingerprint (ranks ignored). Each telemetry
-step updates that profile's :class:`~dspark_controller.sps_model.SpsModel` and the
+step updates that profile's :class:`~dspark_controller.core.sps_model.SpsModel` and the
 engine's per-position acceptance estimate (exponentially forgotten Kaplan-Meier counts
 from accepted/verified lengths). Decisions are computed at most every
 ``decision_interval_s`` per engine with :func:`planner.compute_lagged_budget` over the
@@ -38,23 +38,24 @@ import numpy as np
 import zmq
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from .endpoints import DEFAULT_BASE, ConfigError, Endpoints, load_curve_keypair, require_safe_bind
-from .planner import PlanError, PlanPolicy, compute_lagged_budget, fraction_budget, profile_takes_step
-from .profile_file import (ErrorMetrics, ProfileFile, SpsModelState, default_profiles_dir,
+from dspark_controller.service.endpoints import DEFAULT_BASE, ConfigError, Endpoints, load_curve_keypair, require_safe_bind
+from dspark_controller.core.method import PlanError, PlanPolicy, compute_lagged_budget, fraction_budget
+from dspark_controller.core.strategies import profile_takes_step
+from dspark_controller.core.profile_file import (ErrorMetrics, ProfileFile, SpsModelState, default_profiles_dir,
                            describe_validation_error, looks_like_profile, make_provenance, profile_path,
                            save_profile)
-from .protocol import (
+from dspark_controller.service.protocol import (
     DEFAULT_MAX_MESSAGE_BYTES, BudgetDecision, DecodeError, DropCounter, EngineFingerprint,
     EngineStatus, ErrorReply, Heartbeat, HeartbeatAck, PolicySpec, ProfileReply, ProfileRequest, ProfileStatus,
     ProfileUpdate,
     RateLimitedLog, Register, RegisterAck, SetPolicy, SetPolicyReply, SpsAdditiveTable, SpsTable, StatusReply,
     StatusRequest, StepTelemetry, TelemetryBatch, decode_frames, encode, encode_pub,
 )
-from .sps_model import PriorCurve, SpsModel, SpsModelConfig
+from dspark_controller.core.sps_model import PriorCurve, SpsModel, SpsModelConfig
 
 __all__ = ["ControllerConfig", "Controller", "load_prior"]
 
-logger = logging.getLogger("dspark_controller.server")
+logger = logging.getLogger("dspark_controller.service.server")
 
 
 def _is_key_name(path: Path) -> bool:

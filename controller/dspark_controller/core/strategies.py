@@ -1,0 +1,386 @@
+"""The policy's learning strategies, each a rule with its constants (pure numpy).
+
+Exploration (:func:`explore_now`, :func:`explore_budget`), the uniform-path gate with its
+boundary re-checks (:func:`prefer_uniform`), probes (:func:`probe_budget`), the admission
+gain (:class:`AdmissionGain`), the uniform path's own step times (:class:`UniformTimes`,
+:func:`learn_step_time`) and how a controller decision becomes this step's K
+(:func:`budget_from_controller`).  :class:`dspark_controller.core.policy.BudgetPolicy`
+composes them; :class:`~dspark_controller.core.policy.PolicyConfig` switches each off.
+None of them sees the current step's draft tokens (the lossless rule of
+:mod:`dspark_controller.core.method`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from dspark_controller.core.method import SpsFn, clip01, fraction_budget
+
+
+YOUNG_ROW_SAMPLES = 2.0         # young exploration ends for a row once its ragged cells have this many
+SETTLED_ROW_SAMPLES = 4.0       # ... and a row whose ragged cells all have this many is settled
+
+
+def exploration_probability(config: Any, steps: int, thin: Optional[float] = None) -> float:
+    """The local model's exploration schedule at one step.
+
+    ``steps``: what the model has seen; ``thin``: the fewest (forgotten) samples among the
+    ragged profile cells of this step's row, ``(R, R + K)`` for ``K < full``
+    (:func:`row_thinness`; None: unknown, the schedule by steps alone).  While young
+    (``steps < young_steps``) a row still missing a couple of samples in a cell explores at
+    ``explore_prob_young``; then ``explore_prob`` until ``explore_until_steps``, except on a
+    settled row (every ragged cell measured a few times), which explores at
+    ``explore_prob_settled``: each exploration step costs throughput (at one request a step
+    with a random budget loses ~a third of its tokens), and a measured row only needs to be
+    kept fresh."""
+    if steps < config.young_steps and (thin is None or thin < YOUNG_ROW_SAMPLES):
+        return float(config.explore_prob_young)
+    if steps >= config.explore_until_steps:
+        return 0.0
+    if thin is not None and thin >= SETTLED_ROW_SAMPLES:
+        return float(config.explore_prob_settled)
+    return float(config.explore_prob)
+
+
+def row_thinness(model: Any, *, num_req: int, full: int) -> Optional[float]:
+    """The fewest forgotten samples among the profile cells of the ragged budgets
+    ``K = 0 .. full - 1`` at ``num_req`` requests (a full budget may run on SGLang's uniform
+    path, which the profile does not learn from); None when the model keeps no cells."""
+    weights = getattr(model, "cell_weights", None)
+    if weights is None or int(full) <= 0:
+        return None
+    return float(np.min(weights(int(num_req), int(num_req) + np.arange(int(full)))))
+
+
+def explore_now(config: Any, model: Any, *, steps: int, num_req: int, full: int, rng: Any) -> bool:
+    """Whether this step explores, from at most one ``rng.random()`` draw (none when no
+    schedule branch can explore); the row's thinness is looked up only when the draw falls
+    under the highest probability the schedule could give.  Worker and simulator share it."""
+    # the highest probability any row could get at this age: one thin row of each kind
+    p_hi = max(exploration_probability(config, steps, thin)
+               for thin in (0.0, YOUNG_ROW_SAMPLES, SETTLED_ROW_SAMPLES))
+    if p_hi <= 0.0:
+        return False
+    u = float(rng.random())
+    if u >= p_hi:
+        return False
+    return u < exploration_probability(config, steps, row_thinness(model, num_req=num_req, full=full))
+
+
+def _operator_pinned(decision: Any) -> bool:
+    """A controller decision whose policy the operator pinned (``off``: verify all, or a
+    ``fixed`` fraction): the worker applies it as is, without exploring."""
+    return decision is not None and getattr(getattr(decision, "policy", None), "mode", None) in ("off", "fixed")
+
+
+def uniform_throughput(survival: Any, *, num_req: int, uniform_step_s: Optional[float]) -> Optional[float]:
+    """Expected tokens/s of verifying every draft token on SGLang's uniform path, whose step
+    took ``uniform_step_s`` (measured) at this request count: (R + sum of the lagged
+    survival) / step seconds; None when no such step was measured.  The worker compares it
+    with the best ragged budget, because a uniform step can cost less than a ragged one a
+    token short, which a profile monotone in B cannot represent."""
+    if not uniform_step_s or uniform_step_s <= 0:
+        return None
+    return (int(num_req) + float(clip01(survival).sum())) / float(uniform_step_s)
+
+
+BOUNDARY_CHECK_PROB = 0.2       # share of "uniform wins" steps that re-check a thin ragged plan
+BOUNDARY_MIN_SAMPLES = 8.0      # ... while its (R, B) profile cell has fewer (forgotten) samples
+BOUNDARY_NEAR = 0.10            # past that, a near tie (uniform ahead by less) keeps re-checking,
+#                                 at BOUNDARY_CHECK_PROB * (BOUNDARY_MIN_SAMPLES / samples) ** 2
+
+
+def boundary_check_probability(samples: float, margin: float) -> float:
+    """Share of "uniform wins" steps that run the ragged plan instead, for a plan cell with
+    ``samples`` (forgotten) samples that the uniform path beats by ``margin`` (relative)."""
+    if samples < BOUNDARY_MIN_SAMPLES:
+        return BOUNDARY_CHECK_PROB
+    if margin >= BOUNDARY_NEAR:
+        return 0.0
+    return BOUNDARY_CHECK_PROB * (BOUNDARY_MIN_SAMPLES / float(samples)) ** 2
+
+
+def prefer_uniform(theta_u: Optional[float], planned_theta: Optional[float], *, model: Any,
+                   num_req: int, budget: int, rng: Any) -> tuple[bool, bool]:
+    """``(take the uniform path, this step re-checks the ragged plan instead)``.
+
+    The uniform path wins when its measured throughput ``theta_u`` is at least the ragged
+    plan's predicted ``planned_theta``.  But once it wins, the ragged budgets near that
+    boundary stop being measured, and a thin, stale cell of the profile keeps deciding (the
+    16-request benchmark: ours verified nearly everything where verifying ~3/4 was 4-5%
+    faster).  So when the plan's ``(R, B = R + budget)`` cell has fewer than
+    ``BOUNDARY_MIN_SAMPLES`` forgotten samples, the plan runs anyway on a
+    ``BOUNDARY_CHECK_PROB`` share of those steps, which measures exactly the comparison
+    being made.  Eight samples of a step time that moves 10-20% from step to step (this
+    CPU host) still leave the cell ~5% off, enough to settle a near tie the wrong way for
+    good: the benchmark's online server verified everything at 16 and 32 requests, where
+    half the drafts ran 11-14% faster on the same server, while its ragged profile had
+    learned from 402 of 6028 steps.  So while uniform wins by less than ``BOUNDARY_NEAR``,
+    checks go on at a share that fades with the square of the cell's samples
+    (:func:`boundary_check_probability`): the cell keeps filling, ever more slowly, until
+    its mean settles the tie.  One ``rng.random()`` draw, only when the share is not zero.
+    Worker and simulator share this rule."""
+    if theta_u is None or planned_theta is None or theta_u < float(planned_theta):
+        return False, False
+    weights = getattr(model, "cell_weights", None)
+    if weights is None or BOUNDARY_CHECK_PROB <= 0:
+        return True, False
+    w = float(np.asarray(weights(int(num_req), np.asarray([int(num_req) + int(budget)])))[0])
+    margin = float(theta_u) / float(planned_theta) - 1.0 if float(planned_theta) > 0 else math.inf
+    p = boundary_check_probability(w, margin)
+    if p <= 0.0 or rng.random() >= p:
+        return True, False
+    return False, True
+
+
+def explore_budget(model: Any, *, num_req: int, full: int, rng: Any) -> int:
+    """An exploration step's K in ``[0, full]``, from one ``rng.random()`` draw.
+
+    Half the exploration steps take the ragged budget (``K < full``) whose ``(R, B = R + K)``
+    profile cell has the fewest (forgotten) samples (ties split by the same draw), so
+    exploring fills the profile where it is blind: a curve region nobody measured is
+    extrapolated, e.g. into "drafts are too expensive", and nothing would correct it.  Not
+    ``K = full``: a full budget may run on SGLang's uniform path, which a ready profile does
+    not learn from (:func:`profile_takes_step`), so its cell can stay thin for good and
+    that half of exploration would teach nothing.  The other half take a uniform K in
+    ``[0, full]``, so the whole curve keeps being re-measured (after a drift every cell is
+    stale, not just thin).  Uniform always when the model keeps no cells."""
+    full = max(int(full), 0)
+    u = float(rng.random())
+    weights = getattr(model, "cell_weights", None)
+    if weights is None or full == 0 or u >= 0.5:
+        v = (u - 0.5) * 2.0 if u >= 0.5 else u * 2.0
+        return min(int(v * (full + 1)), full)
+    w = np.asarray(weights(int(num_req), int(num_req) + np.arange(full)), dtype=np.float64)
+    ties = np.flatnonzero(w <= w.min() + 1e-9)
+    return int(ties[min(int(u * 2.0 * len(ties)), len(ties) - 1)])
+
+
+PROBE_PROB = 0.05      # share of the local policy's steps that probe a neighbouring budget
+PROBE_STEP = 0.25      # ... a quarter of all draft tokens above or below the chosen one
+
+
+def probe_budget(k: int, *, full: int, rng: Any, prob: float = PROBE_PROB,
+                 step: float = PROBE_STEP) -> Optional[int]:
+    """A neighbouring budget for this step instead of the policy's ``k``, or None (most steps).
+
+    The profile decides by the slope of step time in B around the budget it chose, and its
+    steps pile up at that budget: the neighbouring cells of the row are measured only by
+    the rare exploration steps, so the slope there is mostly the additive fit's, which
+    sets it from other rows (on the CPU bench pair about 1.5-2x the row's own slope, and the
+    policy verified half of what the best fixed budget did at 32 requests, in the
+    interleaved A/B of benchmarks/ab_bench.py).  So on ``PROBE_PROB`` of the steps the
+    policy runs ``k`` plus or minus ``PROBE_STEP`` of the draft tokens (half each way,
+    clipped to the ragged budgets ``[0, full - 1]``; from a full budget, down): the row's
+    own cells on both sides of the choice fill, the row correction follows them, and the
+    choice moves along.  Near the optimum such a step costs little (second order in the
+    step).  One ``rng.random()`` draw.  Worker and simulator share it."""
+    full = int(full)
+    if full < 2:
+        return None
+    u = float(rng.random())
+    if u >= prob:
+        return None
+    delta = max(1, int(round(step * full)))
+    up = u < 0.5 * prob and int(k) < full
+    k2 = int(k) + delta if up else int(k) - delta
+    k2 = min(max(k2, 0), full - 1)
+    return None if k2 == int(k) else k2
+
+
+ADMISSION_HALF_LIFE = 300.0    # steps: how fast AdmissionGain forgets
+ADMISSION_MIN_STEPS = 30       # ... and how many steps of a kind it needs before it corrects
+
+
+class AdmissionGain:
+    """Realised over predicted accepted drafts, apart for ragged and uniform-path steps.
+
+    The planner prices a budget K with the top-K of the *lagged* survival (all it may use
+    before the drafts are sampled), but SGLang admits the top-K of the *live* survival,
+    which keeps more of the accepted tokens than the lagged ranking predicts; and the
+    survival calibration learns only from verified positions, which a ragged step picks
+    by live survival, so it need not hold for a uniform step that verifies everything.
+    The two sides of the comparison of a ragged plan with the uniform path
+    (:func:`prefer_uniform`) are thus off by different amounts (the CPU bench pair's
+    worker benchmark ended with 1.035 for ragged and 0.858 for uniform steps).  This keeps,
+    per kind of step, forgotten sums of the predicted and the realised accepted drafts of
+    the steps the local policy planned, and :func:`admitted_theta` scales each side's
+    expected drafts by its own ratio.  Lossless: it learns only from steps already
+    verified."""
+
+    def __init__(self, *, half_life: float = ADMISSION_HALF_LIFE, min_steps: int = ADMISSION_MIN_STEPS) -> None:
+        self.decay = 0.5 ** (1.0 / float(half_life))
+        self.min_steps = int(min_steps)
+        self._sums = {False: [0.0, 0.0, 0], True: [0.0, 0.0, 0]}   # predicted, realised, steps
+
+    def observe(self, predicted: float, realised: float, *, uniform: bool) -> None:
+        if not (predicted > 0 and math.isfinite(predicted)) or not realised >= 0:
+            return
+        s = self._sums[bool(uniform)]
+        s[0] = s[0] * self.decay + float(predicted)
+        s[1] = s[1] * self.decay + float(realised)
+        s[2] += 1
+
+    def factor(self, *, uniform: bool) -> float:
+        """Realised / predicted (clipped to [0.5, 2]); 1 until ``min_steps`` of that kind."""
+        p, r, n = self._sums[bool(uniform)]
+        if n < self.min_steps or p <= 0:
+            return 1.0
+        return float(min(max(r / p, 0.5), 2.0))
+
+    def summary(self) -> dict:
+        return {("uniform" if u else "ragged"): {"steps": s[2], "factor": round(self.factor(uniform=u), 4)}
+                for u, s in self._sums.items()}
+
+
+def admitted_theta(theta: Optional[float], step_s: Optional[float], *, num_req: int,
+                   factor: float) -> Optional[float]:
+    """Expected tokens/s ``theta`` of a step taking ``step_s`` with its expected accepted
+    drafts (tokens minus the ``num_req`` bonus tokens) scaled by ``factor``."""
+    if theta is None or not step_s or step_s <= 0 or factor == 1.0:
+        return theta
+    drafts = max(float(theta) * float(step_s) - int(num_req), 0.0)
+    return (int(num_req) + factor * drafts) / float(step_s)
+
+
+UNIFORM_EMA = 0.1      # weight of a new uniform-path step in its per-R average
+
+
+def profile_takes_step(model: Any, uniform: bool) -> bool:
+    """Whether a profile learns from a step: uniform-path steps only until it is ready (the
+    profile is the ragged layout's curve, monotone in B; a uniform full-budget step can cost
+    less than a ragged one a token short).  Worker, controller and simulator share it."""
+    return not (uniform and model.ready)
+
+
+class UniformTimes:
+    """Per-R average of uniform-path step seconds, kept relative to the profile.
+
+    The planner compares a measured uniform-path step with the profile's prediction for a
+    ragged one (:func:`prefer_uniform`).  The profile follows a machine that speeds up or
+    slows down (its drift factor and refits), but only ragged steps move it; a raw average of
+    uniform steps taken minutes ago does not follow, and once the ragged plan wins at some R
+    nothing re-measures the uniform path there, so a uniform time caught in a slow spell kept
+    the worker verifying fewer tokens at one request on a noisy host.  So, once the profile
+    is ready, a sample is stored as its ratio to the profile's prediction for the same step
+    laid out ragged (``R`` requests, ``batch_tokens``), and read back as that ratio times
+    the current prediction: both sides of the comparison are on one clock.  Before that,
+    and without a profile, plain seconds."""
+
+    def __init__(self, model: Any = None) -> None:
+        self.model = model
+        # R -> [EMA value, batch tokens of the uniform step, True when the value is a ratio]
+        self.base: dict[int, list] = {}
+
+    def _pred(self, num_req: int, batch_tokens: int) -> Optional[float]:
+        m = self.model
+        if m is None or not getattr(m, "ready", False):
+            return None
+        t = float(m.predict_step_time(int(num_req), int(batch_tokens)))
+        return t if t > 0 and math.isfinite(t) else None
+
+    def observe(self, num_req: int, step_s: float, batch_tokens: int) -> None:
+        if not step_s > 0:
+            return
+        r = int(num_req)
+        pred = self._pred(r, batch_tokens)
+        x, is_ratio = (float(step_s) / pred, True) if pred is not None else (float(step_s), False)
+        old = self.base.get(r)
+        if old is None or old[2] != is_ratio:      # first sample, or the profile just got ready
+            self.base[r] = [x, int(batch_tokens), is_ratio]
+        else:
+            old[0] += UNIFORM_EMA * (x - old[0])
+            old[1] = int(batch_tokens)
+
+    def get(self, num_req: int) -> Optional[float]:
+        """Seconds of a uniform-path step at ``num_req`` requests, on today's clock (None: none seen)."""
+        e = self.base.get(int(num_req))
+        if e is None:
+            return None
+        if not e[2]:
+            return e[0]
+        pred = self._pred(int(num_req), e[1])
+        return None if pred is None else e[0] * pred
+
+
+def learn_step_time(model: Any, times: UniformTimes, brain: Any, *, num_req: int, batch_tokens: int,
+                    step_s: float, uniform: bool) -> None:
+    """A worker's measured step time, routed as ``DSparkControlledWorker`` does (and the
+    simulator's policies, through this same function): uniform-path steps update the per-R
+    average ``times`` (what ``BudgetPolicy._uniform_if_better`` compares), and count for
+    ``brain``'s exploration schedule when the profile ``model`` (None: none) does not take
+    them; the other steps, and uniform ones while the profile is not ready, feed the profile."""
+    fed = model is not None and profile_takes_step(model, uniform)
+    if uniform and step_s > 0:
+        times.observe(num_req, step_s, batch_tokens)
+        if not fed:
+            brain.uniform_steps += 1
+    if fed:
+        model.update(num_req, batch_tokens, step_s)
+
+
+def local_theta(planned_theta: Optional[float], planned_step_s: Optional[float], *, model: Any,
+                num_req: int, budget: int) -> Optional[float]:
+    """A plan's expected tokens/s re-priced with this engine's own profile ``model``.
+
+    A controller-planned K carries the throughput its (fleet) curve predicts, while the
+    uniform path it is compared with (:func:`prefer_uniform`) is priced by this engine's
+    measured step time; a fleet curve published seconds ago, or learned on a slightly
+    different clock, then tips the comparison (the benchmark's controller row ran ragged
+    plans where the online row, pricing both sides locally, verified everything and was
+    faster). So the comparison uses the plan's expected tokens (``theta * step_s``) over
+    the local profile's step time at ``(R, R + K)``; unchanged while the local profile is
+    not ready or the plan carries no step time."""
+    if planned_theta is None or not planned_step_s or planned_step_s <= 0:
+        return planned_theta
+    if model is None or not getattr(model, "ready", False):
+        return planned_theta
+    t = float(model.predict_step_time(int(num_req), int(num_req) + int(budget)))
+    if not (t > 0 and math.isfinite(t)):
+        return planned_theta
+    return float(planned_theta) * float(planned_step_s) / t
+
+
+def controller_allows_uniform(d: Any) -> bool:
+    """Whether a worker may swap a controller-planned budget for verify-all on its measured
+    uniform path: not under a budget cap (``max_budget_tokens``) or an SLA floor, which a
+    throughput comparison does not honour."""
+    return d.max_budget_tokens is None and getattr(getattr(d, "policy", None), "mode", None) != "sla"
+
+
+def budget_from_controller(d: Any, *, num_req: int, full: int, rng: Any,
+                           plan: Callable[[SpsFn, Optional[float]], Any],
+                           fleet: Any = None) -> Optional[tuple[int, Any]]:
+    """K from a fresh controller decision ``d``, or None when it says nothing for this batch.
+
+    Order: exploration coin, verify-all, a ``fixed`` policy's fraction, the controller's
+    learned curve planned here with this step's per-request survival (``plan(sps,
+    sla_floor)``, whose result is returned beside K), the controller's fraction while no
+    curve has arrived, its K if it was computed for this batch size. ``max_budget_tokens``
+    caps everything but verify-all. The curve is the ``fleet`` model's when it is given and
+    ready (the controller's whole profile, rebuilt from its ProfileUpdate), else the
+    decision's SGLang tables.
+    """
+    cap = full if d.max_budget_tokens is None else min(full, int(d.max_budget_tokens))
+    if d.explore_prob and rng.random() < float(d.explore_prob):
+        return rng.randint(0, cap), None
+    if d.verify_all:
+        return full, None
+    mode = getattr(d.policy, "mode", None)
+    if d.budget_frac is not None and mode == "fixed":
+        return min(cap, fraction_budget(d.budget_frac, full)), None
+    # the controller's own K assumes every request has the engine's mean acceptance
+    sps = fleet.sps_function(num_req) if fleet is not None and fleet.ready else d.sps_function(num_req)
+    if sps is None and d.budget_frac is not None:
+        return min(cap, fraction_budget(d.budget_frac, full)), None
+    if sps is not None:
+        out = plan(sps, getattr(d.policy, "floor_tok_s", None) if mode == "sla" else None)
+        return min(cap, int(out.budget)), out
+    if d.budget_tokens is not None and int(d.num_requests) == num_req:
+        return min(cap, int(d.budget_tokens)), None
+    return None
+
+
