@@ -373,9 +373,11 @@ class DSparkControlledWorker(DSparkWorkerV2):
                                       if self._telemetry_calls else None)}
 
     def dump_info_records(self):
-        dumped = super().dump_info_records() or {}
-        dumped["sglang_dspark"] = _json_safe(self.plugin_state())
-        return dumped
+        dumped = dict(super().dump_info_records() or {})
+        dumped["sglang_dspark"] = self.plugin_state()
+        # the whole record: SGLang's per-step records carry our decisions' predictions too,
+        # and /server_info must never fail on a non-finite float
+        return _json_safe(dumped)
 
 
 def _refuse_simulated_acceptance(simulate_acc_len: float, planner) -> None:
