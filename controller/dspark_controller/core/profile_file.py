@@ -308,20 +308,20 @@ def profile_path(directory: str | os.PathLike, profile_key: str) -> Path:
     return Path(directory) / f"{profile_key}.json"
 
 
-def save_profile(path: str | os.PathLike, profile: ProfileFile) -> Path:
-    """Write atomically: temp file in the same directory, fsync, ``os.replace``."""
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Temp file in the same directory, fsync, ``os.replace`` (never a half-written file);
+    the file gets the umask's mode (mkstemp makes 0600; profiles are not secrets)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = profile.model_dump_json(indent=None).encode("utf-8")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            f.write(text.encode("utf-8"))
             f.flush()
             os.fsync(f.fileno())
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)          # mkstemp makes 0600; profiles are not secrets
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -330,6 +330,11 @@ def save_profile(path: str | os.PathLike, profile: ProfileFile) -> Path:
             pass
         raise
     return path
+
+
+def save_profile(path: str | os.PathLike, profile: ProfileFile) -> Path:
+    """Write atomically (:func:`write_text_atomic`)."""
+    return write_text_atomic(path, profile.model_dump_json(indent=None))
 
 
 def load_profile(path: str | os.PathLike) -> ProfileFile:

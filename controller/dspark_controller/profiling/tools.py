@@ -329,30 +329,7 @@ def extrapolation_warnings(lp: LoadedProfile, *, num_requests: Optional[int] = N
 
 
 # ------------------------------------------------------------------ conversions
-def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Temp file in the same directory, fsync, ``os.replace`` (never a half-written file)."""
-    import os
-    import tempfile
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(text.encode("utf-8"))
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+from dspark_controller.core.profile_file import write_text_atomic  # noqa: E402  (one atomic writer)
 
 
 def write_json_atomic(path: str | Path, obj: Any, *, indent: Optional[int] = None) -> Path:
