@@ -12,7 +12,9 @@ adds each step's measured time and output tokens to its arm's totals
   (``--speculative-dspark-sps-table-path``; none = verify everything), fed SGLang's
   uncalibrated lagged survival, exactly as without our plugin;
 * ``fixed@F``: ``floor(F * all draft tokens)`` of the step (``fixed@1`` verifies every
-  draft; on CPU it runs SGLang's uniform verify path, see ``SGLANG_DSPARK_FULL_BUDGET_STATIC``).
+  draft; on CPU it runs SGLang's uniform verify path, see ``SGLANG_DSPARK_FULL_BUDGET_STATIC``);
+* ``off``: a no-draft step (no draft forward; the target decodes one token per request,
+  :mod:`sglang_dspark.no_draft`): what plain decoding gives on the same server.
 
 Why: on a shared or noisy machine, two servers (or two chunks of one) measured a minute
 apart differ by 10-20% for reasons that have nothing to do with the policy.  Neighbouring
@@ -49,7 +51,7 @@ class ArmSpecError(ValueError):
 @dataclass(frozen=True)
 class Arm:
     name: str                    # as written in the spec, normalised (fixed@0.5)
-    kind: str                    # "policy" | "upstream" | "fixed"
+    kind: str                    # "policy" | "upstream" | "fixed" | "off"
     frac: Optional[float] = None  # fixed arms only
 
 
@@ -60,7 +62,7 @@ def parse_arms(spec: str) -> tuple[Arm, ...]:
         word = raw.strip().lower()
         if not word:
             continue
-        if word in ("policy", "upstream"):
+        if word in ("policy", "upstream", "off"):
             arm = Arm(name=word, kind=word)
         elif word.startswith("fixed@"):
             try:
@@ -72,8 +74,8 @@ def parse_arms(spec: str) -> tuple[Arm, ...]:
                                    "e.g. fixed@0.5")
             arm = Arm(name=f"fixed@{f:g}", kind="fixed", frac=f)
         else:
-            raise ArmSpecError(f"{ENV_ARMS}: unknown arm {raw.strip()!r}; use policy, upstream or fixed@F "
-                               "(comma-separated), e.g. policy,upstream,fixed@1,fixed@0.5")
+            raise ArmSpecError(f"{ENV_ARMS}: unknown arm {raw.strip()!r}; use policy, upstream, off or "
+                               "fixed@F (comma-separated), e.g. policy,upstream,off,fixed@1,fixed@0.5")
         if any(a.name == arm.name for a in arms):
             raise ArmSpecError(f"{ENV_ARMS}: arm {arm.name!r} is listed twice")
         arms.append(arm)

@@ -51,9 +51,10 @@ logger = logging.getLogger(__name__)
 
 def policy_config(settings) -> PolicyConfig:
     """The policy's config from :class:`sglang_dspark.settings.Settings`:
-    ``decision_max_age_s``, and ``explore_prob`` (a fixed share of steps with a random
+    ``decision_max_age_s``, ``no_draft`` (the no-draft gate), and ``explore_prob`` (a fixed share of steps with a random
     budget, replacing the young/settled schedule; 0 disables exploration)."""
-    cfg = PolicyConfig(decision_max_age_s=float(settings.decision_max_age_s))
+    cfg = PolicyConfig(decision_max_age_s=float(settings.decision_max_age_s),
+                       no_draft=bool(settings.no_draft))
     return cfg if settings.explore_prob is None else cfg.with_fixed_exploration(float(settings.explore_prob))
 
 
@@ -88,6 +89,29 @@ class OnlineBudgetPlanner(HostConfidenceBudgetPlanner):
         self.phase_time_s = {"lag_survival": 0.0, "to_host": 0.0, "decide": 0.0}
         self.recent_plan_s: deque = deque(maxlen=512)     # per-call, for the median
         self.last_arm: Optional[str] = None     # AbBudgetPlanner: the arm of the last step
+        self._step_draft: Optional[bool] = None   # this decode step drafts (None: not asked yet)
+
+    # ------------------------------------------------------------------ draft or not
+    def step_draft(self, num_req: int) -> bool:
+        """Whether the coming decode step drafts (False: a no-draft step).  Asked once per
+        step, by whichever comes first: SGLang's budget preparation for the step (overlap
+        scheduling) or the worker at the step's start; :meth:`end_step` closes the step."""
+        if self._step_draft is None:
+            self._step_draft = self._gate(int(num_req))
+        return self._step_draft
+
+    def end_step(self) -> None:
+        self._step_draft = None
+
+    def _off_source(self) -> str:
+        return "no_draft"
+
+    def _gate(self, num_req: int) -> bool:
+        """An operator's pinned budget keeps drafting (it pins what drafts verify); else the
+        policy's gate (:meth:`BudgetPolicy.draft_step`)."""
+        if self.forced_budget_frac is not None:
+            return True
+        return self.policy.draft_step(num_req)
 
     def compute_budget(self, *, confidence, generation, current_generation,
                        req_pool_indices_cpu) -> int:
@@ -105,6 +129,14 @@ class OnlineBudgetPlanner(HostConfidenceBudgetPlanner):
 
     def _compute_budget(self, *, confidence, generation, current_generation,
                         req_pool_indices_cpu) -> int:
+        if not self.step_draft(int(req_pool_indices_cpu.shape[0])):
+            # a no-draft step: nothing to verify, and no confidences enter the lag relay
+            # (the next drafted step plans on the last ones drafted)
+            self.policy.note(self._off_source())
+            self.last_decision = VerifyBudgetDecision(budget=0)
+            self.last_budget = 0
+            self.last_decided_at = time.monotonic()
+            return 0
         clock, phases = time.perf_counter, self.phase_time_s
         t0 = clock()
         lagged_c, lagged_g = self._shift_to_lag(
@@ -189,13 +221,29 @@ class AbBudgetPlanner(OnlineBudgetPlanner):
     def __init__(self, *, base: HostConfidenceBudgetPlanner, policy: BudgetPolicy, rotation) -> None:
         super().__init__(base=base, policy=policy)
         self.rotation = rotation
+        self._arm = None      # the arm of the step being run, drawn when its draft is decided
+
+    def _gate(self, num_req: int) -> bool:
+        """The step's arm is drawn here, before its draft: ``off`` runs a no-draft step, the
+        ``policy`` arm asks the policy's gate, the others draft."""
+        if self.forced_budget_frac is not None:
+            self._arm = None
+            self.last_arm = None
+            return True
+        arm = self._arm = self.rotation.next()
+        self.last_arm = arm.name
+        if arm.kind == "off":
+            return False
+        return self.policy.draft_step(num_req) if arm.kind == "policy" else True
+
+    def _off_source(self) -> str:
+        return "ab:off" if self._arm is not None and self._arm.kind == "off" else "no_draft"
 
     def _decide(self, survival, max_len: int) -> VerifyBudgetDecision:
-        if self.forced_budget_frac is not None:
+        arm = self._arm
+        if self.forced_budget_frac is not None or arm is None:
             self.last_arm = None
             return super()._decide(survival, max_len)
-        arm = self.rotation.next()
-        self.last_arm = arm.name
         if arm.kind == "fixed":
             return self._fixed(survival, max_len, arm.frac, f"ab:{arm.name}")
         if arm.kind == "upstream":       # SGLang's own planner, as without us

@@ -8,7 +8,11 @@ step appends one JSON line to ``FILE``::
      "conf_raw": [[...gamma logits...], ...],    # confidence head, before STS
      "conf":     [[...gamma probs...], ...],     # what SGLang's planner saw (after STS)
      "accepted": [...],                          # accepted draft tokens (no bonus)
-     "verified": [...]}                          # draft tokens verified (no anchor)
+     "verified": [...],                          # draft tokens verified (no anchor)
+     "prefix": [...],                            # tokens before each request's anchor
+     "drafts": [[...gamma token ids...], ...]}   # the drafted block
+
+No-draft steps (:mod:`sglang_dspark.no_draft`) draft nothing and are not captured.
 
 Alignment: the row is taken from SGLang's own per-step observer call
 (``DsparkStepObservers.observe_verify_step``), which receives the block's
@@ -154,7 +158,8 @@ class StepCapture:
         temps = getattr(sampling, "temperatures", None) if sampling is not None else None
         sources = {"conf_raw": (raw, False), "conf": (kw.get("confidence"), False),
                    "correct": (correct, True), "verify_lens": (verify_lens, True),
-                   "temps": (temps, True)}
+                   "temps": (temps, True), "prefix": (kw.get("prefix_lens"), True),
+                   "drafts": (kw.get("draft_tokens"), False)}
         on_device = any(getattr(t, "device", None) is not None and t.device.type != "cpu"
                         for t, _ in sources.values())
         deferred = on_device if self.deferred is None else bool(self.deferred)
@@ -198,6 +203,8 @@ class StepCapture:
             # positions past a cap were not verified: never count them accepted
             "accepted": [min(a, v) for a, v in zip(_ints(host["correct"]), verified)],
             "verified": verified,
+            "prefix": _ints(host.get("prefix")),
+            "drafts": None if host.get("drafts") is None else host["drafts"].tolist(),
         }
         return json.dumps(rec, separators=(",", ":")) + "\n"
 
@@ -271,7 +278,8 @@ def install(worker, *, path: Optional[str], max_rows: int = DEFAULT_MAX_ROWS) ->
 
         def observe_verify_step(*args, **kwargs):
             original(*args, **kwargs)
-            cap.observe(kwargs)
+            if not getattr(worker._proposer, "is_null", False):   # a no-draft step drafts nothing
+                cap.observe(kwargs)
 
         observers.observe_verify_step = observe_verify_step
         logger.info("sglang-dspark capture: writing per-step confidences to %s", path)

@@ -170,6 +170,30 @@ def all_seams() -> list[Seam]:
              "(worker._refuse_simulated_acceptance; reads the worker's _simulate_acc_len)",
              cpu_only=False),
     ]
+    # no-draft steps (no_draft.py, worker._forward_no_draft)
+    _draft = "sglang.srt.speculative.dspark_components.dspark_draft"
+    seams += [
+        Seam(f"{_draft}.DraftBlockProposer.propose", "requires",
+             "a no-draft step swaps the worker's _proposer for NullProposer, which keeps propose()'s "
+             "contract and reads the proposer's gamma, query_token_num, sample_from_anchor, "
+             "_mask_token_id and draft_block_ids_view", cpu_only=False),
+        Seam(f"{_draft}.DraftProposal", "requires",
+             "NullProposer's result (draft_block_ids, draft_block, confidence, folded, verify_ids)",
+             cpu_only=False),
+        Seam(f"{_draft}.DraftBlockResult", "requires",
+             "NullProposer's placeholder block (greedy_draft: a one-hot draft distribution)",
+             cpu_only=False),
+        Seam(f"{_draft}.resolve_draft_params", "requires",
+             "NullProposer's temperatures and greedy mask, as SGLang's sampler resolves them",
+             cpu_only=False),
+        Seam(f"{_worker_v2}._deferred_commit", "requires",
+             "a pending deferred context-KV commit (its pending, flush) lands before a no-draft "
+             "step; the step sets the draft input's verify_token_budget to 0 (overlap "
+             "scheduling prepared it)", cpu_only=False),
+        Seam("sglang.srt.environ.Envs.SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH", "requires",
+             "no-draft steps are off while SGLang's draft recorders run (no_draft.no_draft_refusal, "
+             "also SGLANG_DSPARK_STS_COLLECT_PATH)", cpu_only=False),
+    ]
     # the draft validator reads the draft the way SGLang does (checkpoint.py)
     _dspark_cfg = "sglang.srt.speculative.dspark_components.dspark_config"
     seams += [

@@ -151,6 +151,10 @@ VARS: tuple[Var, ...] = (
         "number in [0, 1]",
         "fixed share of steps with a random budget, replacing the young/settled "
         "schedule; 0 disables exploration"),
+    Var("SGLANG_DSPARK_NO_DRAFT", "no_draft", _switch, True, "on/off",
+        "no-draft steps: the policy may decode a whole step without drafting (plain "
+        "decoding) when that gives more tokens/s than any verify budget; off: every decode "
+        "step drafts"),
     Var("SGLANG_DSPARK_LEARN_FORCED", "learn_forced", _switch, True, "on/off",
         "steps run at an operator-pinned budget teach the profile and the controller"),
     Var("SGLANG_DSPARK_FULL_BUDGET_STATIC", "full_budget_static", _switch_auto, None,

@@ -40,6 +40,8 @@ class StepRecord:
     arm: Optional[str] = None
     # the local plan's expected accepted drafts (planner.AdmissionGain; None: not a local plan)
     pred_drafts: Optional[float] = None
+    # False: a no-draft step (sglang_dspark.no_draft): no draft forward, one token per request
+    drafted: bool = True
 
 
 class StepClock:

@@ -128,6 +128,22 @@ class DSparkControlledWorker(DSparkWorkerV2):
         self._metrics = worker_metrics(sa)
         self._compact = planner.is_compact_mode
         self._online = online
+        # no-draft steps (sglang_dspark.no_draft): the policy's gate, or an A/B ``off`` arm
+        self._null_proposer = None
+        self._no_draft_steps = 0
+        self._no_draft_off_reason = ""
+        if self._online_planner is not None and online:
+            from sglang_dspark.no_draft import NullProposer, no_draft_refusal
+
+            self._no_draft_off_reason = no_draft_refusal()
+            if self._no_draft_off_reason and self._policy.gate is not None:
+                logger.warning("sglang-dspark: no-draft steps are off: %s", self._no_draft_off_reason)
+                self._policy.gate = None
+            if not self._no_draft_off_reason:
+                self._null_proposer = NullProposer(self._proposer)
+            elif ab is not None and any(a.kind == "off" for a in ab.arms):
+                raise ValueError(f"SGLANG_DSPARK_AB_ARMS has an 'off' arm, but no-draft steps cannot run: "
+                                 f"{self._no_draft_off_reason}")
         self._seen_decision_at = 0.0
         self._observers_list = self._step_observers()
         self._dspark_ready = True
@@ -159,13 +175,43 @@ class DSparkControlledWorker(DSparkWorkerV2):
         if not self._dspark_ready or batch.forward_mode.is_idle():
             return super()._forward_decode(batch, on_publish, grammar_barrier,
                                            coordination_plan=coordination_plan)
+        planner = self._online_planner
+        drafting = (planner is None or self._null_proposer is None
+                    or planner.step_draft(len(batch.reqs)))
         self._clock.start()
-        result = super()._forward_decode(batch, on_publish, grammar_barrier,
-                                         coordination_plan=coordination_plan)
+        try:
+            if drafting:
+                result = super()._forward_decode(batch, on_publish, grammar_barrier,
+                                                 coordination_plan=coordination_plan)
+            else:
+                result = self._forward_no_draft(batch, on_publish, grammar_barrier, coordination_plan)
+        finally:
+            if planner is not None:
+                planner.end_step()
         t0 = time.perf_counter()
-        self._after_step(batch, result)
+        self._after_step(batch, result, drafted=drafting)
         self._telemetry_time_s += time.perf_counter() - t0
         self._telemetry_calls += 1
+        return result
+
+    def _forward_no_draft(self, batch, on_publish, grammar_barrier, coordination_plan):
+        """SGLang's decode step with no draft forward (:mod:`sglang_dspark.no_draft`): the
+        null proposer stands in for this step, the budget is 0 (the planner answers 0 for
+        a no-draft step), and the publish callback drops the placeholder confidences."""
+        from sglang_dspark.no_draft import publish_without_confidence
+
+        commit = self._deferred_commit()
+        if commit is not None and commit.pending:
+            commit.flush("no-draft step")     # a staged draft-KV write lands before this verify
+        if batch.spec_info is not None:
+            batch.spec_info.verify_token_budget = 0     # overlap scheduling prepared it already
+        proposer, self._proposer = self._proposer, self._null_proposer
+        try:
+            result = super()._forward_decode(batch, publish_without_confidence(on_publish), grammar_barrier,
+                                             coordination_plan=coordination_plan)
+        finally:
+            self._proposer = proposer
+        self._no_draft_steps += 1
         return result
 
     def _step_budget(self):
@@ -177,21 +223,25 @@ class DSparkControlledWorker(DSparkWorkerV2):
         self._seen_decision_at = planner.last_decided_at
         return planner.last_budget
 
-    def _after_step(self, batch, result) -> None:
+    def _after_step(self, batch, result, drafted: bool = True) -> None:
         from sglang_dspark.telemetry import StepRecord
 
         try:
             num_req = int(len(batch.reqs))
             budget = self._step_budget()
             gamma = int(self.verify_num_draft_tokens) - 1
-            if self._compact and budget is not None:
+            if not drafted:
+                verify_tokens = num_req if self._compact else num_req * (gamma + 1)
+            elif self._compact and budget is not None:
                 verify_tokens = num_req + int(budget)
             else:
                 verify_tokens = num_req * (gamma + 1)
             seq = batch.seq_lens_cpu.tolist() if batch.seq_lens_cpu is not None else [0]
             uniform = self._full_budget_layout is not None and self._full_budget_layout.last_static
             pred = None
-            if self._local_model is not None and self._local_model.ready:
+            if not drafted:
+                pred = self._policy.off_times.get(num_req)
+            elif self._local_model is not None and self._local_model.ready:
                 # a uniform-path step is predicted by its own per-R time, as the planner
                 # prices it (the ragged profile does not describe that layout)
                 pred = self._uniform_s.get(num_req) if uniform else None
@@ -206,12 +256,13 @@ class DSparkControlledWorker(DSparkWorkerV2):
             # the copies are queued before the step's end event and read once it fired.
             rec.accepted_lens = self._host(getattr(result, "accept_lens", None))
             rec.uniform = bool(uniform)
+            rec.drafted = bool(drafted)
             rec.forced = budget is not None and self._policy.last_source == "forced"
             rec.arm = self._online_planner.last_arm if budget is not None else None
             rec.pred_drafts = (self._policy.last_pred_drafts
-                               if budget is not None and self._policy.last_source == "local" else None)
+                               if drafted and budget is not None and self._policy.last_source == "local" else None)
             # on the uniform path every draft is verified (cap lens are not per-request there)
-            if self._compact and not uniform:
+            if self._compact and not uniform and drafted:
                 rec.verify_lens = self._host(getattr(result, "cap_lens", None))
                 if budget is not None and self._online_planner is not None:
                     rec.survival = self._policy.last_survival   # what this step's decision read
@@ -252,8 +303,13 @@ class DSparkControlledWorker(DSparkWorkerV2):
         return obs
 
     def _feed_policy(self, rec) -> None:
-        """The policy's calibration and admission gain (policy steps only)."""
-        if rec.arm in (None, "policy"):
+        """The policy's calibration and admission gain, or a no-draft step's time (policy
+        steps only)."""
+        if rec.arm not in (None, "policy"):
+            return
+        if not rec.drafted:
+            self._policy.observe_off_step(rec.num_requests, rec.step_time_s)
+        else:
             self._policy.observe_step(survival=rec.survival, accepted=rec.accepted_lens,
                                       verified=rec.verify_lens, pred_drafts=rec.pred_drafts, uniform=rec.uniform)
 
@@ -261,7 +317,10 @@ class DSparkControlledWorker(DSparkWorkerV2):
         self._stats.add(rec, rec.predicted_step_s)
 
     def _feed_noise(self, rec) -> None:
-        """One warning when step times stop describing the load (telemetry.NoiseWatch)."""
+        """One warning when step times stop describing the load (telemetry.NoiseWatch);
+        no-draft steps are another kind of step, not noise."""
+        if not rec.drafted:
+            return
         noise = self._noise.observe(num_requests=rec.num_requests, verify_tokens=rec.verify_tokens,
                                     step_s=rec.step_time_s)
         if noise is None and self._stats.steps % 64 == 0:
@@ -274,7 +333,8 @@ class DSparkControlledWorker(DSparkWorkerV2):
         if rec.arm is not None and rec.accepted_lens is not None:
             self._ab_ledger.observe(rec.arm, num_requests=rec.num_requests, step_s=rec.step_time_s,
                                     accepted_drafts=rec.accepted_lens,
-                                    verified_drafts=(sum(rec.verify_lens) if rec.verify_lens is not None
+                                    verified_drafts=(0 if not rec.drafted else sum(rec.verify_lens)
+                                                     if rec.verify_lens is not None
                                                      else rec.num_requests * (int(self.verify_num_draft_tokens) - 1)),
                                     uniform=rec.uniform)
 
@@ -283,6 +343,8 @@ class DSparkControlledWorker(DSparkWorkerV2):
         an A/B arm other than the policy (measured, never learned: sglang_dspark.ab) or a
         pinned budget with ``SGLANG_DSPARK_LEARN_FORCED=0`` (an experiment on a live server:
         the policy that runs after it is the one that ran before it)."""
+        if not rec.drafted:
+            return      # its time went to the policy's no-draft times (_feed_policy)
         if rec.arm is not None and rec.arm != "policy":
             self._ab_unlearned += 1
         elif rec.forced and not self._learn_forced:
@@ -338,7 +400,25 @@ class DSparkControlledWorker(DSparkWorkerV2):
                 "host_layouts": None if self._host_layouts is None else self._host_layouts.summary(),
                 "survival_calibration": (None if self._policy.calibrator is None
                                          else self._policy.calibrator.summary()),
+                "no_draft": self._no_draft_state(),
             })
+        return state
+
+    def _no_draft_state(self) -> dict:
+        """No-draft steps: how many ran, the gate's state and switches, and the measured
+        no-draft step time next to the drafted plan's at the latest load."""
+        pol, last = self._policy, self._stats.last_record
+        state = {"steps": self._no_draft_steps, "off_probes": pol.off_probes,
+                 "gate": None if pol.gate is None else pol.gate.summary(),
+                 "unavailable": self._no_draft_off_reason or None}
+        if last is not None and last.num_requests:
+            r = int(last.num_requests)
+            t = pol.off_times.get(r)
+            theta_on = pol.known_theta(r)
+            state["at_last_load"] = {"num_requests": r,
+                                     "no_draft_step_ms": None if t is None else round(1e3 * t, 3),
+                                     "no_draft_tok_s": None if t is None else round(r / t, 2),
+                                     "drafting_tok_s": None if theta_on is None else round(theta_on, 2)}
         return state
 
     def _curve_at_last_load(self) -> Optional[dict]:

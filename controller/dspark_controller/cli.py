@@ -41,7 +41,8 @@ def _policy_from_args(mode: str, args: argparse.Namespace) -> Any:
                           explore_prob=getattr(args, "explore", None) or 0.0)
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise UsageError(f"invalid policy: {first.get('msg')}") from None
+        msg = str(first.get("msg", ""))
+        raise UsageError(f"invalid policy: {msg.removeprefix('Value error, ')}") from None
 
 
 def _curve_client_opts(args: argparse.Namespace) -> tuple[Optional[bytes], Optional[tuple[bytes, bytes]]]:
@@ -216,8 +217,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.algorithm == "exact" and (args.lagged_confidences is not None or args.budget is not None):
         raise UsageError("--lagged-confidences/--budget only apply to --algorithm lagged")
     try:
-        p = plan(confidences, sps, policy=policy, algorithm=args.algorithm, lagged_confidences=lagged,
-                 budget=args.budget, max_trace=args.max_trace)
+        if policy.mode == "no_draft":
+            if args.lagged_confidences is not None or args.budget is not None:
+                raise UsageError("--lagged-confidences/--budget do not apply to policy no_draft "
+                                 "(no drafts are made, so no budget is planned)")
+            p = _plan_no_draft(confidences, sps)
+        else:
+            p = plan(confidences, sps, policy=policy, algorithm=args.algorithm, lagged_confidences=lagged,
+                     budget=args.budget, max_trace=args.max_trace)
     except PlanError as exc:
         raise UsageError(str(exc)) from None
     if args.json:
@@ -226,13 +233,32 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps(out))
         return EXIT_OK
     print(f"DSpark plan ({p.algorithm}, policy {p.policy}) with SPS from {source}")
-    if args.algorithm == "lagged" and args.lagged_confidences is None and args.budget is None:
+    if args.algorithm == "lagged" and args.lagged_confidences is None and args.budget is None \
+            and p.policy != "no_draft":
         print("note: no --lagged-confidences given, so the budget uses these same confidences "
               "(what a steady state looks like); a worker uses confidences from two steps earlier")
     for line in p.explanation:
         print("  " + line)
     print(f"lengths: {list(p.lengths)}")
     return EXIT_OK
+
+
+def _plan_no_draft(confidences: Any, sps: Callable[[Any], Any]) -> Any:
+    """Policy no_draft: no draft is made, so none is verified (every length 0). The inputs
+    are checked as for any plan; the prediction is the curve's at B = R, a lower bound,
+    since a profile's step time includes the draft forward a no-draft step skips."""
+    import dataclasses
+
+    from dspark_controller.core.method import plan_fixed_fraction
+
+    p = plan_fixed_fraction(confidences, sps, frac=0.0)    # lengths 0, B = R, tau = R
+    R = len(p.lengths)
+    expl = ("policy no_draft: no drafts are made, so none is verified: every length is 0 "
+            "(plain decoding, one token per request per step, no draft forward)",
+            f"R={R}: {R} tokens per step; predicted throughput {p.predicted_throughput:.4g} tok/s is "
+            f"R * SPS(B=R), a lower bound: the curve's step time includes the draft forward that a "
+            "no-draft step skips")
+    return dataclasses.replace(p, algorithm="no_draft", policy="no_draft", explanation=expl)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -251,7 +277,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(reply.model_dump_json())
         return EXIT_OK
     c = reply.counters
-    print(f"controller {reply.controller_id} up {reply.uptime_s:.0f}s, policy {reply.policy.describe()}")
+    print(f"controller {reply.controller_id} up {reply.uptime_s:.0f}s, policy {reply.policy.describe()}"
+          + (" (decode without drafting)" if reply.policy.mode == "no_draft" else ""))
     print(f"  endpoints: {reply.endpoints}")
     print(f"  telemetry {c.get('telemetry_steps', 0):.0f} steps ({c.get('telemetry_steps_per_s', 0):.1f}/s), "
           f"decisions {c.get('decisions_published', 0):.0f}, p50 latency "
@@ -267,7 +294,8 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"engines {', '.join(p.engines) or '-'}")
     print(f"engines ({len(reply.engines)}):")
     for e in reply.engines:
-        budget = "verify all" if e.verify_all else ("-" if e.budget_tokens is None else f"K={e.budget_tokens}")
+        budget = ("no draft" if e.policy == "no_draft" else "verify all" if e.verify_all
+                  else ("-" if e.budget_tokens is None else f"K={e.budget_tokens}"))
         print(f"  {e.engine_id} [{e.state}] R={e.num_requests} {budget} policy {e.policy}, {e.steps} steps, "
               f"seen {e.last_seen_s_ago:.1f}s ago")
     return EXIT_OK
@@ -339,7 +367,13 @@ def _add_policy_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max", type=int, help="cap: max draft tokens per step")
 
 
-POLICIES = ("throughput", "sla", "fixed", "cap", "off")
+# core.method.PlanPolicy.MODES (kept literal here so the parser does not import numpy).
+# off = verify every draft token (scheduling off; the name is historical);
+# no_draft = no drafting at all (plain decoding)
+POLICIES = ("throughput", "sla", "fixed", "cap", "off", "no_draft")
+POLICY_HELP = ("throughput: max expected tokens/s; sla: keep --floor tok/s per user; fixed: verify --frac of "
+               "the draft tokens; cap: throughput with at most --max draft tokens; off: verify every draft "
+               "token (scheduling off, drafting on); no_draft: decode without drafting (plain decoding)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -364,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--metrics-addr", default="127.0.0.1", help="metrics bind address (default: %(default)s)")
     s.add_argument("--curve-secret-key", help="controller .key_secret certificate (enables CurveZMQ)")
     s.add_argument("--curve-authorized-dir", help="directory of authorised client public .key files")
-    s.add_argument("--policy", choices=POLICIES, default="throughput")
+    s.add_argument("--policy", choices=POLICIES, default="throughput", help=POLICY_HELP)
     _add_policy_opts(s)
     s.add_argument("--explore", type=float, help="fraction of steps with a random budget (profile exploration)")
     s.add_argument("--heartbeat-s", type=float, default=1.0)
@@ -387,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(func=cmd_status)
 
     se = sub.add_parser("set", help="change the policy at runtime")
-    se.add_argument("mode", choices=POLICIES)
+    se.add_argument("mode", choices=POLICIES, help=POLICY_HELP)
     _add_policy_opts(se)
     se.add_argument("--explore", type=float, help="fraction of steps with a random budget")
     se.add_argument("--engine", help="only this engine (default: all engines)")
@@ -399,7 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--sps", help="inline curve B:steps_per_sec,... (floor lookup), e.g. 1:1.0,2:0.5,3:0.45")
     pl.add_argument("--profile", help="a DSpark profile file or an SGLang SPS table JSON")
     pl.add_argument("--algorithm", choices=("exact", "lagged"), default="exact")
-    pl.add_argument("--policy", choices=POLICIES, default="throughput")
+    pl.add_argument("--policy", choices=POLICIES, default="throughput", help=POLICY_HELP)
     _add_policy_opts(pl)
     pl.add_argument("--lagged-confidences", help="lagged: confidences from two steps earlier (JSON/file/'-')")
     pl.add_argument("--budget", type=int, help="lagged: a precomputed draft-token budget K")

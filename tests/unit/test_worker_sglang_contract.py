@@ -85,12 +85,13 @@ def test_forward_decode_forwards_every_argument(monkeypatch):
     assert w._forward_decode(batch, "pub") == "result"
     seen = []
     w.__dict__.update(_dspark_ready=True, _clock=SimpleNamespace(start=lambda: None),
-                      _telemetry_time_s=0.0, _telemetry_calls=0,
-                      _after_step=lambda b, r: seen.append((b, r)))
+                      _telemetry_time_s=0.0, _telemetry_calls=0, _online_planner=None,
+                      _null_proposer=None,
+                      _after_step=lambda b, r, drafted: seen.append((b, r, drafted)))
     assert w._forward_decode(batch, "pub", "barrier", plan) == "result"
     assert calls == [(batch, "pub", "barrier", plan), (batch, "pub", None, None),
                      (batch, "pub", "barrier", plan)]
-    assert seen == [(batch, "result")] and w._telemetry_calls == 1
+    assert seen == [(batch, "result", True)] and w._telemetry_calls == 1
 
 
 # ---------------------------------------------------------------- child-process checks

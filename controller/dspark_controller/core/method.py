@@ -56,17 +56,24 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class PlanPolicy:
-    """Planner-side policy (mirrors ``protocol.PolicySpec`` without pydantic)."""
+    """Planner-side policy (mirrors ``protocol.PolicySpec`` without pydantic).
 
-    mode: str = "throughput"          # throughput | sla | fixed | cap | off
+    ``off`` verifies every draft token (the name is historical: *scheduling* off, stock
+    DSpark); ``no_draft`` drafts nothing at all (plain decoding, no draft forward)."""
+
+    # the fleet's policy modes; protocol.PolicySpec.mode and the CLI's choices list the same
+    MODES = ("throughput", "sla", "fixed", "cap", "off", "no_draft")
+
+    mode: str = "throughput"          # one of MODES
     floor_tok_s: Optional[float] = None
     frac: Optional[float] = None
     max_tokens: Optional[int] = None
     explore_prob: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.mode not in ("throughput", "sla", "fixed", "cap", "off"):
-            raise PlanError(f"unknown policy mode {self.mode!r}; use throughput, sla, fixed, cap or off")
+        if self.mode not in self.MODES:
+            raise PlanError(f"unknown policy mode {self.mode!r}; use {', '.join(self.MODES[:-1])} "
+                            f"or {self.MODES[-1]}")
         if self.mode == "sla" and not (self.floor_tok_s is not None and self.floor_tok_s > 0):
             raise PlanError("policy 'sla' needs a positive floor (tokens/s per user)")
         if self.mode == "fixed" and not (self.frac is not None and 0.0 <= self.frac <= 1.0):
@@ -75,6 +82,9 @@ class PlanPolicy:
             raise PlanError("policy 'cap' needs max tokens >= 0")
         if not 0.0 <= self.explore_prob <= 1.0:
             raise PlanError("explore_prob must be in [0, 1]")
+        if self.mode == "no_draft" and self.explore_prob > 0:
+            raise PlanError("policy 'no_draft' makes no drafts, so there is no budget to explore; "
+                            "drop explore_prob (--explore)")
 
     @staticmethod
     def from_spec(spec: Any) -> "PlanPolicy":
@@ -93,6 +103,12 @@ class PlanPolicy:
     def verify_all(self) -> bool:
         """``off``: verify every draft token."""
         return self.mode == "off"
+
+    @property
+    def no_draft(self) -> bool:
+        """``no_draft``: decode without drafting (no draft forward, one token per request).
+        Every other property reads as "no rule" for it; callers check this one first."""
+        return self.mode == "no_draft"
 
     @property
     def fixed_frac(self) -> Optional[float]:

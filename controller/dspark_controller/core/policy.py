@@ -7,6 +7,9 @@ policies call the very same object.
 
 Call order per step (the worker and the simulator both follow it):
 
+0. ``draft_step(R)`` before the step: False means a no-draft step (plain decoding, no
+   draft forward; :mod:`.no_draft`); it then runs, and ``observe_off_step(R, seconds)``
+   follows instead of 1-2;
 1. ``decide(raw_survival, max_len=...)``: the lagged prefix survival ``[R, positions]``
    (confidences relayed from earlier steps, never from this step's draft tokens) ->
    :class:`Decision` or None (None: the caller's fallback decides: SGLang's table, or
@@ -31,7 +34,11 @@ Strategies, each with its constants in :class:`PolicyConfig` and an off switch:
 * **admission gain** -- that comparison scales each side's expected accepted drafts by
   what such steps realised (:class:`.planner.AdmissionGain`);
 * **probes** -- a small share of the local choices move by a fixed step, so the profile's
-  row learns its own slope around the choice (:func:`.planner.probe_budget`).
+  row learns its own slope around the choice (:func:`.planner.probe_budget`);
+* **no-draft steps** -- each priced local plan votes on plain decoding against its own
+  expected tokens/s, and a :class:`.no_draft.DraftGate` with hysteresis turns the votes
+  into drafting or not; off steps are also run on a small share of steps to measure
+  their time where it is unknown (``off_probe_prob_unknown``) or known (``off_probe_prob``).
 
 An ablation is a config change: ``PolicyConfig(probe=False)`` etc.
 
@@ -49,6 +56,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from dspark_controller.core.no_draft import DraftGate, GateConfig, OffTimes, off_wins
 from dspark_controller.core.method import (clean_survival, clip01, compute_lagged_budget, lagged_budget_fast, survival_to_confidences)
 from dspark_controller.core.strategies import (PROBE_PROB, PROBE_STEP, AdmissionGain, _operator_pinned, admitted_theta, budget_from_controller, controller_allows_uniform, explore_budget, explore_now, local_theta, prefer_uniform, probe_budget, uniform_throughput)
 
@@ -79,10 +87,17 @@ class PolicyConfig:
     calibration_bins: int = 10
     calibration_prior_weight: float = 8.0
     calibration_half_life: float = 2000.0
+    # no-draft steps (core.no_draft): the gate's hysteresis, and off steps run to measure
+    # the no-draft time where it is unknown / known
+    no_draft: bool = True
+    gate: GateConfig = GateConfig()
+    off_probe_prob_unknown: float = 0.03
+    off_probe_prob: float = 0.005
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("explore_prob_young", "explore_prob", "explore_prob_settled", "probe_prob", "probe_step"):
+        for name in ("explore_prob_young", "explore_prob", "explore_prob_settled", "probe_prob", "probe_step",
+                     "off_probe_prob_unknown", "off_probe_prob"):
             v = getattr(self, name)
             if not 0.0 <= float(v) <= 1.0:
                 raise ValueError(f"PolicyConfig.{name} must be in [0, 1], got {v!r}")
@@ -210,6 +225,75 @@ class BudgetPolicy:
         self.last_pred_drafts: Optional[float] = None   # the local plan's expected accepted drafts
         self.last_survival: Optional[np.ndarray] = None  # raw lagged survival of the last decision
         self._rng = random.Random(config.seed)
+        # no-draft steps: the gate, the measured time of off steps per R, and the mean
+        # calibrated survival per position at the last local plan (what the policy last
+        # knew of the drafts, to price drafting while none are made)
+        self.gate: Optional[DraftGate] = DraftGate(config.gate) if config.no_draft and enabled else None
+        self.off_times = OffTimes(local_model)
+        self.off_probes = 0
+        self._known_row: Optional[np.ndarray] = None
+
+    # ------------------------------------------------------------------ draft or not
+    def draft_step(self, num_req: int) -> bool:
+        """Before a step: draft it (True), or decode it without drafts (False).  From
+        earlier steps only: the gate's state, a controller's fresh ``no_draft`` pin, and a
+        private-RNG coin that runs an off step to measure its time."""
+        gate = self.gate
+        if gate is None or num_req <= 0:
+            return True
+        d = self.latest_decision(self.config.decision_max_age_s) if self.latest_decision else None
+        mode = getattr(getattr(d, "policy", None), "mode", None)
+        gate.pinned = False if mode == "no_draft" else None
+        drafting = gate.draft(num_req)
+        if drafting and not gate.off and gate.pinned is None and self.local_model is not None:
+            known = self.off_times.get(num_req) is not None
+            p = self.config.off_probe_prob if known else self.config.off_probe_prob_unknown
+            if p > 0 and getattr(self.local_model, "ready", False) and self._rng.random() < p:
+                self.off_probes += 1
+                gate.steps["drafted"] -= 1
+                gate.steps["no_draft"] += 1
+                return False
+        return drafting
+
+    def off_throughput(self, num_req: int) -> Optional[float]:
+        """Expected tokens/s of a no-draft step at ``num_req`` (None: never measured)."""
+        t = self.off_times.get(num_req)
+        return None if t is None or not t > 0 else float(num_req) / float(t)
+
+    def observe_off_step(self, num_req: int, step_s: float) -> None:
+        """A no-draft step's measured seconds: its time per R, then the gate's check
+        whether drafting, priced on the last known survival, pays again."""
+        if not step_s > 0 or num_req <= 0:
+            return
+        self.off_times.observe_off(num_req, step_s)
+        gate = self.gate
+        if gate is not None and gate.off and gate.pinned is None:
+            gate.vote_back(self.known_theta(num_req), self.off_throughput(num_req), num_req)
+
+    def known_theta(self, num_req: int) -> Optional[float]:
+        """The best drafted plan's expected tokens/s at ``num_req`` requests, every request
+        drafting like the mean of the last local plan (None: no plan or profile yet)."""
+        row, model = self._known_row, self.local_model
+        if row is None or model is None or not getattr(model, "ready", False):
+            return None
+        survival = np.tile(row, (int(num_req), 1))
+        planned = self._argmax(survival, model.sps_function(int(num_req)))
+        d = self._uniform_if_better(planned, survival, int(num_req), int(survival.size), admitted=True)
+        return self._admitted(d, int(num_req), int(survival.size))
+
+    def _admitted(self, d: Decision, num_req: int, full: int) -> Optional[float]:
+        """``d``'s expected tokens/s with its drafts scaled by the admission gain."""
+        if self.admission is None or d.predicted_theta is None:
+            return d.predicted_theta
+        return admitted_theta(d.predicted_theta, d.predicted_step_seconds, num_req=num_req,
+                              factor=self.admission.factor(uniform=d.budget >= full))
+
+    def _vote(self, d: Decision, survival: np.ndarray, num_req: int, full: int) -> None:
+        """A local plan's verdict on plain decoding, and what it knew of the drafts."""
+        self._known_row = survival.mean(axis=0)
+        if self.gate is not None:
+            self.gate.vote(theta_on=self._admitted(d, num_req, full), theta_off=self.off_throughput(num_req),
+                           best_budget=int(d.budget), num_req=num_req)
 
     # ------------------------------------------------------------------ decide
     def calibrated(self, raw: np.ndarray, max_len: int) -> np.ndarray:
@@ -250,6 +334,7 @@ class BudgetPolicy:
             return None
         planned = self._argmax(survival, model.sps_function(num_req))
         d = self._uniform_if_better(planned, survival, num_req, full, admitted=True)
+        self._vote(d, survival, num_req, full)
         if cfg.probe:
             k2 = probe_budget(int(d.budget), full=full, rng=self._rng, prob=cfg.probe_prob, step=cfg.probe_step)
             if k2 is not None:      # a neighbouring budget, so the row's slope is its own

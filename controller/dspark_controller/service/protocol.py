@@ -75,15 +75,24 @@ class PolicySpec(BaseModel):
     * ``sla``: the same subject to every request keeping ``E[tau_r] * SPS(B) >= floor_tok_s``.
     * ``fixed``: verify ``frac`` of all draft tokens (top-``frac`` by survival).
     * ``cap``: ``throughput`` with the draft-token budget capped at ``max_tokens``.
-    * ``off``: verify every draft token (stock DSpark without scheduling).
+    * ``off``: verify every draft token (stock DSpark without scheduling; the name is
+      historical: *scheduling* is off, drafting is not).
+    * ``no_draft``: decode without drafting on every engine it applies to: plain decoding,
+      no draft forward, one token per request per step. For when the operator knows
+      speculation does not pay (a load test, an incident). Workers from before this mode
+      reject such messages as ``invalid`` and so behave as if no controller were there
+      (see docs/protocol.md).
 
     ``explore_prob`` lets the worker verify a uniformly random budget on that fraction of
     steps so the profile also learns batch sizes the policy would not pick. It is lossless
-    (the budget never depends on the current tokens) but costs throughput; default 0.
+    (the budget never depends on the current tokens) but costs throughput; default 0. It
+    must stay 0 under ``no_draft`` (no drafts, no budget to explore).
+
+    The modes are ``core.method.PlanPolicy.MODES`` (the planner's mirror), in that order.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    mode: Literal["throughput", "sla", "fixed", "cap", "off"] = "throughput"
+    mode: Literal["throughput", "sla", "fixed", "cap", "off", "no_draft"] = "throughput"
     floor_tok_s: Optional[PosFinite] = None
     frac: Optional[Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]] = None
     max_tokens: Optional[Annotated[int, Field(ge=0, le=1 << 24)]] = None
@@ -97,6 +106,9 @@ class PolicySpec(BaseModel):
             raise ValueError("policy 'fixed' needs frac in [0, 1], e.g. 0.5")
         if self.mode == "cap" and self.max_tokens is None:
             raise ValueError("policy 'cap' needs max_tokens >= 0 (draft tokens per step)")
+        if self.mode == "no_draft" and self.explore_prob > 0:
+            raise ValueError("policy 'no_draft' makes no drafts, so there is no budget to explore; "
+                             "drop explore_prob (--explore)")
         return self
 
     def describe(self) -> str:
@@ -272,6 +284,11 @@ class BudgetDecision(_Msg):
     of its live survival products without breaking losslessness. ``sps_table`` (for
     ``num_requests``) and ``sps_additive`` (any R) are the learned curve for a worker
     that plans locally. ``verify_all`` means: verify every draft token.
+
+    Under policy ``no_draft`` (``policy.mode``) the worker runs no draft forward at all;
+    the budget fields then read "verify all" (``verify_all``, K = R * gamma, frac 1) only
+    for a worker that drafts anyway (one without the no-draft switch): it runs stock DSpark
+    instead of paying for drafts it would throw away.
     """
 
     type: Literal["decision"] = "decision"

@@ -55,6 +55,10 @@ from dspark_controller.core.sps_model import PriorCurve, SpsModel, SpsModelConfi
 
 __all__ = ["ControllerConfig", "Controller", "load_prior"]
 
+# under policy no_draft, an engine's decision is re-published at least this often (or every
+# decision_valid_s / 4 if shorter), telemetry or not: see Controller._tick
+NO_DRAFT_REFRESH_S = 0.5
+
 logger = logging.getLogger("dspark_controller.service.server")
 
 
@@ -631,6 +635,13 @@ class Controller:
             eng.table_sent_at = now
             eng.table_profile_seq = prof.publish_seq
         rule = PlanPolicy.from_spec(pol)    # the planner's one mode dispatcher (CLI plan uses it too)
+        if rule.no_draft:
+            # the worker reads policy.mode and skips the draft forward; the budget is only for
+            # a worker that drafts anyway: verify all (stock DSpark), not drafts thrown away
+            return BudgetDecision(**common, verify_all=True, budget_tokens=full, budget_frac=1.0, sps_table=table,
+                                  sps_additive=additive,
+                                  reason="policy no_draft: decode without drafting (plain decoding); "
+                                         "a worker that drafts anyway verifies every draft token")
         if rule.verify_all:
             return BudgetDecision(**common, verify_all=True, budget_tokens=full, budget_frac=1.0, sps_table=table,
                                   sps_additive=additive, reason="policy off: verify every draft token")
@@ -679,8 +690,9 @@ class Controller:
         eng.last_decision_at = now
         eng.dirty = False
         self.counters["decisions_published"] += 1
-        if d.budget_tokens is not None:
-            self.metrics.budget.labels(engine=eng.engine_id).set(d.budget_tokens)
+        if d.budget_tokens is not None:     # no_draft: no draft token is verified (none is made)
+            self.metrics.budget.labels(engine=eng.engine_id).set(0 if d.policy.mode == "no_draft"
+                                                                 else d.budget_tokens)
 
     def _publish_profile(self, prof: _Profile, now: float) -> None:
         m = prof.model
@@ -702,7 +714,14 @@ class Controller:
     def _tick(self) -> None:
         cfg = self.config
         now = time.monotonic()
+        refresh = min(NO_DRAFT_REFRESH_S, cfg.decision_valid_s / 4)
         for eng in self.engines.values():
+            # no_draft: a worker that runs no drafts sends no telemetry, only heartbeats, which
+            # refresh a decision only after decision_valid_s / 2; its pin must not lapse at the
+            # worker's decision max age (PolicyConfig.decision_max_age_s, 2 s), so re-publish
+            if not eng.dirty and now - eng.last_decision_at >= refresh \
+                    and self._policy_for(eng.engine_id).mode == "no_draft":
+                eng.dirty = True
             if eng.dirty and now - eng.last_decision_at >= cfg.decision_interval_s \
                     and now - eng.last_seen <= cfg.engine_timeout_s:
                 try:
@@ -792,7 +811,8 @@ class Controller:
             eng.dirty = True
             eng.last_decision_at = 0.0
         logger.info("policy for %s set to %s", target, msg.policy.describe())
-        return SetPolicyReply(ok=True, message=f"policy for {target} is now {msg.policy.describe()}",
+        note = _MODE_NOTES.get(msg.policy.mode, "")
+        return SetPolicyReply(ok=True, message=f"policy for {target} is now {msg.policy.describe()}{note}",
                               policy=msg.policy)
 
     def status(self) -> StatusReply:
@@ -806,12 +826,15 @@ class Controller:
         engines = []
         for e in self.engines.values():
             d = e.last_decision
+            # no_draft: the decision's "verify all" is only for a worker that drafts anyway; the
+            # status shows what the fleet does, no draft token verified
+            nd = d is not None and d.policy.mode == "no_draft"
             engines.append(EngineStatus(
                 engine_id=e.engine_id, worker_id=e.worker_id, profile_key=e.profile_key,
                 state="connected" if now - e.last_seen <= self.config.engine_timeout_s else "lost",
                 last_seen_s_ago=now - e.last_seen, steps=e.steps, last_seq=e.last_seq,
-                num_requests=e.num_requests, budget_tokens=None if d is None else d.budget_tokens,
-                verify_all=bool(d and d.verify_all), policy=self._policy_for(e.engine_id).describe(),
+                num_requests=e.num_requests, budget_tokens=None if d is None else (0 if nd else d.budget_tokens),
+                verify_all=bool(d and d.verify_all and not nd), policy=self._policy_for(e.engine_id).describe(),
                 decision_seq=e.decision_seq, acceptance=[round(float(x), 4) for x in e.acceptance()]))
         profiles = []
         for p in self.profiles.values():
@@ -826,6 +849,11 @@ class Controller:
                            engines=engines, profiles=profiles, counters=counters, dropped=self.drops.snapshot(),
                            endpoints={"workers": self.endpoints.router, "publisher": self.endpoints.pub,
                                       "cli": self.endpoints.cli})
+
+
+# the two modes whose names are easy to mix up, spelled out in the CLI's "set" reply
+_MODE_NOTES = {"off": " (verify every draft token: scheduling off, drafting on)",
+               "no_draft": " (decode without drafting: no draft forward, plain decoding)"}
 
 
 def serve(config: ControllerConfig) -> int:

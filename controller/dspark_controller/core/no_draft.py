@@ -1,0 +1,182 @@
+"""No-draft steps: the policy's choice between drafting and plain decoding (pure numpy).
+
+A zero budget still pays for the whole draft block, so "budget 0" is never the cheapest
+way to decode a step: a *no-draft* step runs no draft forward and the target decodes one
+token per request, at the time of a plain decode step.  Same expected tokens (one per
+request) as a zero budget, less time: whenever the plan's best budget is 0, off wins.
+Past that, off wins when ``R / t_off(R)`` beats the best drafted plan's expected tokens
+per second, ``t_off(R)`` being the measured time of this engine's no-draft steps
+(:class:`OffTimes`).
+
+:class:`DraftGate` turns those per-step votes into a state with hysteresis, so the
+choice never flaps (the failure of a batch-size-keyed switch, vLLM #49548):
+
+* on -> off after ``confirm`` consecutive votes for off, at least ``min_dwell`` steps
+  after the last switch; a vote counts when off wins by ``off_margin`` (or the best
+  budget is 0);
+* off -> on when the drafted plan, priced on what the policy last knew of the drafts
+  (their survival at the last drafted step), wins by ``on_margin``, after ``min_dwell``;
+* while off, a *re-draft* burst of ``redraft_len`` drafted steps every ``redraft_every``
+  off steps, and at once when the load falls below ``load_drop`` of the load at which
+  drafting stopped: fresh confidences and acceptance, so the estimate does not go stale.
+
+The gate is asked before a step starts and sees only earlier steps (votes, measured
+times, the last known survival), so a no-draft step is lossless by construction: no
+draft token exists to depend on.  :class:`dspark_controller.core.policy.BudgetPolicy`
+prices the options and owns a gate; the worker and the simulator ask the policy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from dspark_controller.core.strategies import UniformTimes
+
+__all__ = ["GateConfig", "DraftGate", "OffTimes", "off_wins"]
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """The gate's constants (see the module docstring for the rule)."""
+
+    off_margin: float = 0.03      # off must beat drafting by this much to vote off
+    on_margin: float = 0.05       # ... and drafting must beat off by this much to come back
+    confirm: int = 2              # consecutive off votes before drafting stops
+    min_dwell: int = 16           # steps in a state before the next switch
+    redraft_every: int = 64       # off steps between two re-draft bursts
+    redraft_len: int = 3          # drafted steps per burst (the confidence relay lags a step)
+    load_drop: float = 0.75       # re-draft at once when R falls below this share of R at the switch
+
+    def __post_init__(self) -> None:
+        for name in ("off_margin", "on_margin"):
+            v = float(getattr(self, name))
+            if not 0.0 <= v < 1.0:
+                raise ValueError(f"GateConfig.{name} must be in [0, 1), got {v!r}")
+        for name in ("confirm", "min_dwell", "redraft_every", "redraft_len"):
+            v = getattr(self, name)
+            if int(v) < 1:
+                raise ValueError(f"GateConfig.{name} must be >= 1, got {v!r}")
+        if not 0.0 < float(self.load_drop) <= 1.0:
+            raise ValueError(f"GateConfig.load_drop must be in (0, 1], got {self.load_drop!r}")
+
+
+def off_wins(theta_on: Optional[float], theta_off: Optional[float], *, best_budget: int,
+             margin: float) -> bool:
+    """One step's vote: plain decoding beats the best drafted plan.
+
+    ``best_budget == 0`` always votes off (a zero budget decodes the same tokens as a
+    no-draft step and pays the draft on top); otherwise off must give ``margin`` more
+    expected tokens per second than the plan (``theta_on``), priced with the measured
+    no-draft time (``theta_off``; None: not measured yet, so no vote)."""
+    if int(best_budget) <= 0:
+        return True
+    if theta_on is None or theta_off is None or not math.isfinite(theta_off):
+        return False
+    return float(theta_off) > float(theta_on) * (1.0 + float(margin))
+
+
+class OffTimes(UniformTimes):
+    """Per-R time of no-draft steps, kept relative to the profile's zero-budget cell.
+
+    Stored like :class:`~dspark_controller.core.strategies.UniformTimes` (as a ratio to the
+    profile's prediction for ``R`` requests and ``B = R`` batch tokens once it is ready, so
+    the time follows the machine's drift); an ``R`` never measured is read from the
+    nearest measured ``R``'s ratio times the prediction at ``(R, R)``."""
+
+    def observe_off(self, num_req: int, step_s: float) -> None:
+        self.observe(num_req, step_s, batch_tokens=int(num_req))
+
+    def get(self, num_req: int) -> Optional[float]:
+        r = int(num_req)
+        t = super().get(r)
+        if t is not None or not self.base:
+            return t
+        ratios = [(abs(k - r), k) for k, e in self.base.items() if e[2]]
+        if not ratios:
+            return None
+        near = min(ratios)[1]
+        pred = self._pred(r, r)
+        return None if pred is None else self.base[near][0] * pred
+
+
+class DraftGate:
+    """The drafting state machine: votes in, "draft this step?" out (rule: module docstring).
+
+    Call order per step: :meth:`draft` before the step (True: draft); after a drafted step
+    whose plan was priced, :meth:`vote`; after a no-draft step, :meth:`vote_back` with the
+    drafted plan re-priced on the last known survival."""
+
+    def __init__(self, config: GateConfig = GateConfig()) -> None:
+        self.config = config
+        self.off = False
+        self.since_switch = 1 << 30      # steps since the last switch
+        self.off_votes = 0               # consecutive votes for off
+        self.off_steps = 0               # off steps since the last re-draft burst
+        self.redraft_left = 0            # drafted steps left in the current burst
+        self.off_at_requests = 0         # R when drafting stopped
+        self.pinned: Optional[bool] = None   # an operator's "draft" (True) / "no draft" (False)
+        # counters (observability)
+        self.switches = {"off": 0, "on": 0}
+        self.steps = {"drafted": 0, "no_draft": 0, "redraft": 0}
+
+    def draft(self, num_req: int) -> bool:
+        """Whether the coming step drafts (False: a no-draft step)."""
+        self.since_switch += 1
+        if self.pinned is not None:
+            return self._count(self.pinned, redraft=False)
+        if not self.off:
+            return self._count(True, redraft=False)
+        if self.redraft_left > 0:
+            self.redraft_left -= 1
+            return self._count(True, redraft=True)
+        cfg = self.config
+        if int(num_req) < cfg.load_drop * self.off_at_requests or self.off_steps >= cfg.redraft_every:
+            self.off_steps = 0
+            self.off_at_requests = int(num_req)
+            self.redraft_left = cfg.redraft_len - 1
+            return self._count(True, redraft=True)
+        self.off_steps += 1
+        return self._count(False, redraft=False)
+
+    def _count(self, drafting: bool, *, redraft: bool) -> bool:
+        self.steps["redraft" if redraft else ("drafted" if drafting else "no_draft")] += 1
+        return drafting
+
+    def vote(self, *, theta_on: Optional[float], theta_off: Optional[float], best_budget: int,
+             num_req: int) -> None:
+        """A drafted step's plan, priced: ``theta_on`` its expected tokens/s, ``best_budget``
+        its K, ``theta_off`` the no-draft throughput at its ``num_req`` (None: unknown)."""
+        cfg = self.config
+        if self.off:        # a re-draft step: back on only when drafting clearly pays
+            if int(best_budget) > 0:
+                self.vote_back(theta_on, theta_off, num_req)
+            return
+        off_better = off_wins(theta_on, theta_off, best_budget=best_budget, margin=cfg.off_margin)
+        self.off_votes = self.off_votes + 1 if off_better else 0
+        if self.off_votes >= cfg.confirm and self.since_switch >= cfg.min_dwell:
+            self._switch(True, num_req)
+
+    def vote_back(self, theta_on: Optional[float], theta_off: Optional[float], num_req: int) -> None:
+        """While off: come back when drafting (priced on the last known survival) beats the
+        no-draft throughput by ``on_margin``."""
+        if not self.off or theta_on is None or theta_off is None:
+            return
+        if (float(theta_on) > float(theta_off) * (1.0 + self.config.on_margin)
+                and self.since_switch >= self.config.min_dwell):
+            self._switch(False, num_req)
+
+    def _switch(self, off: bool, num_req: int) -> None:
+        self.off = bool(off)
+        self.since_switch = 0
+        self.off_votes = 0
+        self.off_steps = 0
+        self.redraft_left = 0
+        self.off_at_requests = int(num_req) if off else 0
+        self.switches["off" if off else "on"] += 1
+
+    def summary(self) -> dict:
+        return {"state": ("pinned " if self.pinned is not None else "")
+                + ("drafting" if (self.pinned if self.pinned is not None else not self.off) else "no_draft"),
+                "switches": dict(self.switches), "steps": dict(self.steps)}

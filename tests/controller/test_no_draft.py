@@ -1,0 +1,134 @@
+"""dspark_controller.core.no_draft: the drafting gate, and the policy pricing plain decoding."""
+
+import numpy as np
+import pytest
+
+from dspark_controller.core.no_draft import DraftGate, GateConfig, OffTimes, off_wins
+from dspark_controller.core.policy import BudgetPolicy, PolicyConfig
+from dspark_controller.core.sps_model import SpsModel, SpsModelConfig
+
+
+def test_a_zero_budget_always_votes_off_and_otherwise_off_needs_its_margin():
+    assert off_wins(None, None, best_budget=0, margin=0.03)
+    assert not off_wins(100.0, None, best_budget=3, margin=0.03)        # off time unknown
+    assert not off_wins(100.0, 102.0, best_budget=3, margin=0.03)       # within the margin
+    assert off_wins(100.0, 104.0, best_budget=3, margin=0.03)
+
+
+def test_gate_needs_confirmed_votes_and_dwell_then_redrafts_on_schedule_and_on_load_drop():
+    cfg = GateConfig(confirm=2, min_dwell=4, redraft_every=5, redraft_len=2, load_drop=0.5)
+    g = DraftGate(cfg)
+    kw = dict(theta_on=100.0, theta_off=200.0, best_budget=2, num_req=16)
+    assert g.draft(16)
+    g.vote(**kw)
+    assert not g.off                       # one vote is not enough
+    assert g.draft(16)
+    g.vote(**kw)
+    assert g.off and g.switches["off"] == 1
+    seq = [g.draft(16) for _ in range(12)]
+    # 5 off steps, a burst of 2 drafted steps, 5 off steps...
+    assert seq == [False] * 5 + [True, True] + [False] * 5
+    # the load halves: a re-draft burst at once
+    assert g.draft(7)
+    # drafting priced on what the policy knew wins by the on margin: back on after the dwell
+    g.vote_back(300.0, 200.0, 7)
+    assert not g.off and g.switches["on"] == 1
+    # a re-draft step that still finds off better keeps drafting off
+    g2 = DraftGate(GateConfig(confirm=1, min_dwell=1, redraft_every=1, redraft_len=1))
+    g2.draft(8)
+    g2.vote(theta_on=1.0, theta_off=1.0, best_budget=0, num_req=8)
+    assert g2.off
+    assert not g2.draft(8)                 # first off step
+    assert g2.draft(8)                     # re-draft
+    g2.vote(theta_on=1.0, theta_off=1.0, best_budget=0, num_req=8)
+    assert g2.off
+
+
+def test_gate_does_not_flap_on_noisy_votes_around_a_tie():
+    rng = np.random.default_rng(0)
+    g = DraftGate()
+    at, n = [], 0
+    for step in range(5000):
+        if g.draft(16):
+            g.vote(theta_on=100.0, theta_off=100.0 * (1 + rng.normal(0, 0.02)), best_budget=3, num_req=16)
+        else:
+            g.vote_back(100.0 * (1 + rng.normal(0, 0.02)), 100.0, 16)
+        if sum(g.switches.values()) != n:
+            n = sum(g.switches.values())
+            at.append(step)
+    # 2% noise on every estimate around an exact tie: the margins and the dwell keep
+    # switches rare (about one per 200 steps) and never closer than the dwell
+    assert n <= 5000 // 150, g.switches
+    assert min(np.diff(at)) >= g.config.min_dwell
+
+
+def test_gate_config_is_validated():
+    with pytest.raises(ValueError, match="min_dwell"):
+        GateConfig(min_dwell=0)
+    with pytest.raises(ValueError, match="load_drop"):
+        GateConfig(load_drop=0.0)
+    with pytest.raises(ValueError, match="off_probe_prob"):
+        PolicyConfig(off_probe_prob=2.0)
+
+
+def _model(draft_s=0.004, per_token_s=0.001, fixed_s=0.01, max_r=32, gamma=4):
+    """A profile where a drafted step costs fixed + draft + per-token * B."""
+    m = SpsModel(config=SpsModelConfig(max_requests=max_r, max_batch_tokens=2 * max_r * (gamma + 1)))
+    rng = np.random.default_rng(1)
+    for _ in range(3000):
+        r = int(rng.integers(1, max_r + 1))
+        b = r + int(rng.integers(0, r * gamma + 1))
+        m.update(r, b, fixed_s + draft_s + per_token_s * b)
+    assert m.ready
+    return m
+
+
+def _drive(pol, *, R, survival, steps, off_s, on_s):
+    """Steps as a worker runs them: draft_step, then decide + times or the off time."""
+    drafted = 0
+    for _ in range(steps):
+        if pol.draft_step(R):
+            drafted += 1
+            d = pol.decide(survival, max_len=survival.shape[1])
+            assert d is not None
+            pol.local_model.update(R, R + d.budget, on_s(R + d.budget))
+        else:
+            pol.observe_off_step(R, off_s(R))
+    return drafted
+
+
+def test_policy_stops_drafting_when_plain_decoding_pays_and_resumes_when_load_falls():
+    m = _model()
+    pol = BudgetPolicy(local_model=m, config=PolicyConfig(explore=False, probe=False, calibration=False,
+                                                          admission=False, uniform_gate=False))
+    on_s = lambda b: 0.01 + 0.004 + 0.001 * b       # noqa: E731
+    off_s = lambda r: 0.01 + 0.001 * r              # noqa: E731
+    weak = np.full((32, 4), 0.15)                  # drafts rarely survive
+    drafted = _drive(pol, R=32, survival=weak, steps=400, off_s=off_s, on_s=on_s)
+    assert pol.gate.off
+    assert drafted < 120, drafted                  # mostly off: probes, re-draft bursts
+    assert pol.off_times.get(32) == pytest.approx(off_s(32), rel=0.05)
+    # one request, strong drafts: drafting pays again (priced on the last known survival
+    # until a re-draft brings fresh confidences)
+    strong = np.cumprod(np.full((1, 4), 0.95), axis=1)
+    _drive(pol, R=1, survival=strong, steps=200, off_s=off_s, on_s=on_s)
+    assert not pol.gate.off
+    assert pol.gate.switches["off"] >= 1 and pol.gate.switches["on"] >= 1
+    assert pol.sources["local"] > 0
+
+
+def test_no_draft_switch_and_disabled_policy_always_draft():
+    m = _model()
+    for pol in (BudgetPolicy(local_model=m, config=PolicyConfig(no_draft=False)),
+                BudgetPolicy(local_model=m, enabled=False)):
+        assert pol.gate is None
+        assert all(pol.draft_step(32) for _ in range(200))
+
+
+def test_off_times_follow_the_profile_and_fill_unmeasured_r_from_the_nearest():
+    m = _model()
+    t = OffTimes(m)
+    t.observe_off(8, 0.5 * float(m.predict_step_time(8, 8)))
+    assert t.get(8) == pytest.approx(0.5 * float(m.predict_step_time(8, 8)))
+    assert t.get(12) == pytest.approx(0.5 * float(m.predict_step_time(12, 12)))
+    assert OffTimes(m).get(4) is None

@@ -1,0 +1,117 @@
+"""No-draft steps through the real SGLang engine on CPU (sglang_dspark.no_draft).
+
+* greedy output equals the non-speculative engine's, token for token, with drafting
+  switched on and off at random steps (the A/B arms ``off`` and a drafted arm), requests
+  joining and finishing while off, in compact and cap-accept modes;
+* a drafted step after no-draft steps drafts exactly what an always-drafting run drafts
+  for the same context: draft tokens and confidences compared through SGLang's own
+  per-step records (``SGLANG_DSPARK_DEBUG_DUMP=all``).
+"""
+
+import pytest
+
+from dspark_testlib import engine_kwargs, run_engine_job
+
+PROMPTS = [
+    "def f(x):",
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "import os\nimport sys\n" * 6,
+    "x",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n",
+    "for i in range(10):\n",
+]
+MAX_NEW = [40, 23, 31, 17, 36, 28]
+
+_cache: dict = {}
+
+
+def _job(tiny_pair, tmp_path_factory, *, spec_env=None, prompts=PROMPTS, max_new=MAX_NEW,
+         max_running=3, dump=False):
+    key = (tuple(sorted((spec_env or {}).items())), tuple(prompts), tuple(max_new), max_running, dump)
+    if key in _cache:
+        return _cache[key]
+    kw = engine_kwargs(tiny_pair, dtype="float32", max_running_requests=max_running)
+    env = {"SGLANG_DSPARK_LOG_INTERVAL_S": "0"}
+    if spec_env is not None:
+        kw.update(speculative_algorithm="DSPARK", speculative_draft_model_path=tiny_pair["draft"])
+        env.update(spec_env)
+    if dump:
+        env["SGLANG_DSPARK_DEBUG_DUMP"] = "all"
+    job = {"engine": kw, "env": env, "server_info": spec_env is not None,
+           "batches": [{"prompts": prompts,
+                        "sampling": [{"temperature": 0.0, "max_new_tokens": n} for n in max_new]}]}
+    _cache[key] = run_engine_job(job, tmp_path_factory.mktemp("nodraft"))
+    return _cache[key]
+
+
+def _ids(res):
+    return [o["output_ids"] for o in res["results"][0]]
+
+
+def _state(res):
+    return res["server_info"]["internal_states"][0]["dspark_info_record"]
+
+
+@pytest.mark.parametrize("mode,arms", [("compact", "off,fixed@0.5"), ("compact", "off,policy"),
+                                       ("cap-accept", "off,fixed@1")])
+def test_random_no_draft_steps_keep_greedy_output(mode, arms, tiny_pair, tmp_path_factory):
+    base = _job(tiny_pair, tmp_path_factory)
+    spec = _job(tiny_pair, tmp_path_factory, spec_env={
+        "SGLANG_RAGGED_VERIFY_MODE": mode, "SGLANG_DSPARK_AB_ARMS": arms, "SGLANG_DSPARK_AB_SEED": "3"})
+    assert _ids(spec) == _ids(base)
+    st = _state(spec)["sglang_dspark"]
+    tot = st["ab"]["totals"]
+    # both kinds of step ran, and often enough to switch back and forth many times
+    assert tot["off"]["steps"] >= 10 and min(t["steps"] for t in tot.values()) >= 10, tot
+    assert st["no_draft"]["steps"] >= tot["off"]["steps"]
+    assert st["budget_sources"].get("ab:off", 0) == tot["off"]["steps"]
+    # an off step verifies no draft token: one output token per request
+    assert tot["off"]["verified_drafts"] == 0
+    assert tot["off"]["tokens"] == tot["off"]["requests"]
+    # the drafted arm still accepted drafts (speculation really ran between off steps)
+    drafted = [a for a in tot if a != "off"][0]
+    assert tot[drafted]["tokens"] > tot[drafted]["requests"]
+
+
+def test_a_step_drafts_after_no_draft_steps_what_an_always_drafting_run_drafts(tiny_pair, tmp_path_factory):
+    # one request at a time (same shapes: bit-identical forwards), budget 0 on every drafted
+    # step, so the always-drafting run drafts at every prefix length; the drafted blocks and
+    # their confidences come from SGLang's own per-step observer call (SGLANG_DSPARK_CAPTURE)
+    import json
+
+    prompts, max_new = PROMPTS[:3], [30, 30, 30]
+    cap_dir = tmp_path_factory.mktemp("cap")
+    runs = {}
+    # fixed@0.0001 of at most gamma drafts is 0 too: the A/B needs two arms
+    for name, arms in (("always", "fixed@0,fixed@0.0001"), ("mixed", "fixed@0,off")):
+        path = cap_dir / f"{name}.jsonl"
+        res = _job(tiny_pair, tmp_path_factory, prompts=prompts, max_new=max_new, max_running=1,
+                   spec_env={"SGLANG_RAGGED_VERIFY_MODE": "compact", "SGLANG_DSPARK_AB_ARMS": arms,
+                             "SGLANG_DSPARK_AB_SEED": "5", "SGLANG_DSPARK_CAPTURE": str(path)})
+        lines = [json.loads(x) for x in path.read_text().splitlines()]
+        runs[name] = (res, lines)
+    assert _ids(runs["mixed"][0]) == _ids(runs["always"][0])
+
+    def drafts(lines):
+        """(request order, prefix length) -> (drafted block, confidences)"""
+        order, out = [], {}
+        for ln in lines:
+            assert len(ln["rids"]) == 1
+            rid = ln["rids"][0]
+            if rid not in order:
+                order.append(rid)
+            out[(order.index(rid), ln["prefix"][0])] = (ln["drafts"][0], ln["conf"][0])
+        return out
+
+    a, m = drafts(runs["always"][1]), drafts(runs["mixed"][1])
+    off_steps = runs["mixed"][0]["server_info"]["internal_states"][0]["dspark_info_record"][
+        "sglang_dspark"]["ab"]["totals"]["off"]["steps"]
+    assert off_steps >= 10
+    assert len(m) + off_steps - 3 <= len(a)      # every off step skipped a prefix's draft
+    # drafted steps right after off steps: their prefix was reached by a no-draft step
+    after_off = [k for k in m if (k[0], k[1] - 1) not in m and k[1] - 1 >= min(p for (r, p) in m if r == k[0])]
+    assert len(after_off) >= 5, len(after_off)
+    assert set(m) <= set(a)
+    for k in m:
+        assert m[k][0] == a[k][0], k
+        assert m[k][1] == a[k][1], k
