@@ -24,6 +24,8 @@ accept length at each concurrency level (closed loop, greedy, ``ignore_eos``):
   controller  ours: DSPARK compact, NO table, our controller process (throughput policy)
   online_static / online_ragged  (ablations, not in the default set) ``online`` with
               SGLANG_DSPARK_FULL_BUDGET_STATIC=1 / 0
+  online_draft  (ablation, not in the default set) ``online`` with SGLANG_DSPARK_NO_DRAFT=0:
+              every decode step drafts (no no-draft steps; the worker before they existed)
   X~ref       reference chunk of compact server X: the budget pinned at REF_FRAC (0.5);
               the online server's is fixed@0.5
 
@@ -77,7 +79,7 @@ BENCH_SPEC = PRESETS["bench"]
 FIXED_FRACS = (1.0, 0.75, 0.5, 0.25)
 REF_FRAC = 0.5      # every compact server's reference chunk: this fraction pinned
 OURS = ("online", "controller", "online_static", "online_ragged")
-COMPACT = ("upstream", "online", "controller", "online_static", "online_ragged")
+COMPACT = ("upstream", "online", "controller", "online_static", "online_ragged", "online_draft")
 
 
 def cap_tokens(mi: dict, compact: bool = True, gamma: int | None = None) -> float | None:
@@ -317,6 +319,8 @@ def server_for(name: str, m: Path, table: Path, work: Path, maxrun: list[str]):
         extra += ["--speculative-dspark-sps-table-path", str(table)]
     elif name == "online":
         env["SGLANG_RAGGED_VERIFY_MODE"] = "compact"
+    elif name == "online_draft":    # ablation: every step drafts
+        env.update(SGLANG_RAGGED_VERIFY_MODE="compact", SGLANG_DSPARK_NO_DRAFT="0")
     elif name in ("online_static", "online_ragged"):  # ablations: full-budget steps static / ragged
         env.update(SGLANG_RAGGED_VERIFY_MODE="compact",
                    SGLANG_DSPARK_FULL_BUDGET_STATIC="1" if name == "online_static" else "0")
@@ -358,7 +362,7 @@ def main(argv=None) -> int:
         raise SystemExit("--fixed-fracs must be fractions in [0, 1]")
     configs = args.configs.split(",")
     unknown = set(configs) - {"nospec", "verify_all", "upstream", "online", "online_static", "online_ragged",
-                          "fixed", "controller"}
+                          "online_draft", "fixed", "controller"}
     if unknown:
         raise SystemExit(f"unknown configs {sorted(unknown)}")
     if "fixed" in configs and "online" not in configs:
@@ -632,7 +636,8 @@ def plot(report: dict, out: Path) -> None:
     res, levels = report["results"], report["meta"]["levels"]
     fig, ax = plt.subplots(1, 3, figsize=(17, 5))
     style = {"nospec": ("k", "--"), "verify_all": ("tab:red", "-"), "upstream": ("tab:orange", "-"),
-             "online": ("tab:blue", "-"), "controller": ("tab:green", "-")}
+             "online": ("tab:blue", "-"), "controller": ("tab:green", "-"),
+             "online_draft": ("tab:purple", ":")}
     for name, row in res.items():
         if "~ref" in name:   # reference chunks: a normalizer, not a configuration
             continue

@@ -31,7 +31,7 @@ from sglang.srt.speculative.dspark_components.dspark_draft import (
     resolve_draft_params,
 )
 
-__all__ = ["NullProposer", "publish_without_confidence", "no_draft_refusal"]
+__all__ = ["NullProposer", "AnchorCommit", "publish_without_confidence", "no_draft_refusal"]
 
 
 class NullProposer:
@@ -70,6 +70,46 @@ class NullProposer:
             # zeros: SGLang's budget path needs a confidence; the budget is 0 whatever it says
             confidence=torch.zeros((bs, gamma), dtype=torch.float32, device=device),
             confidence_raw=None, folded=False, verify_ids=None)
+
+
+class AnchorCommit:
+    """The draft-context commit of a no-draft step, projecting only what it commits.
+
+    SGLang's compact commit (``TargetHiddenKvInjector.inject_ragged``) projects every row
+    of the strided verify window (``R x (gamma + 1)``) through the draft's context
+    projection and gates the write by the commit lengths; a no-draft step commits one row
+    per request, its anchor.  This projects and writes those ``R`` rows only (the same
+    ``inject_target_hidden`` call SGLang's non-compact commit makes, at the anchors'
+    positions and cache slots).  Installed on the verify executor for the step; the pools
+    whose commit SGLang routes elsewhere (the MLA/SWA radix path, SWA rings) and the
+    non-compact verify keep SGLang's own commit."""
+
+    def __init__(self, executor, injector) -> None:
+        self.original = executor.commit_hidden
+        self.injector = injector
+        self._supported = None    # read at the first step: the draft's KV pool exists by then
+        self.steps = 0
+
+    @property
+    def supported(self) -> bool:
+        if self._supported is None:
+            pool = self.injector.draft_model_runner.token_to_kv_pool
+            self._supported = (self.injector.swa_ring_size is None
+                               and not hasattr(pool, "set_swa_key_buffer_radix_fused_norm_rope"))
+        return self._supported
+
+    def __call__(self, *, batch, layout, hidden_strided, verify_window, logits_output, commit_lens, bs,
+                 run_compact):
+        if not (self.supported and run_compact and hidden_strided is not None):
+            return self.original(batch=batch, layout=layout, hidden_strided=hidden_strided,
+                                 verify_window=verify_window, logits_output=logits_output,
+                                 commit_lens=commit_lens, bs=bs, run_compact=run_compact)
+        stride = int(verify_window.verify_cache_loc_2d.shape[1])
+        hidden = hidden_strided.view(bs, stride, -1)[:, 0]
+        cache_loc = self.injector.ids_for(verify_window.kv_loc_plan).view(bs, stride)[:, 0]
+        self.injector.inject_target_hidden(target_hidden=hidden.contiguous(), cache_loc=cache_loc.contiguous(),
+                                           positions=verify_window.positions_2d[:, 0].contiguous())
+        self.steps += 1
 
 
 def publish_without_confidence(on_publish):

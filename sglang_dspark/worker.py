@@ -140,7 +140,10 @@ class DSparkControlledWorker(DSparkWorkerV2):
                 logger.warning("sglang-dspark: no-draft steps are off: %s", self._no_draft_off_reason)
                 self._policy.gate = None
             if not self._no_draft_off_reason:
+                from sglang_dspark.no_draft import AnchorCommit
+
                 self._null_proposer = NullProposer(self._proposer)
+                self._anchor_commit = AnchorCommit(self._verify_executor, self._kv_injector)
             elif ab is not None and any(a.kind == "off" for a in ab.arms):
                 raise ValueError(f"SGLANG_DSPARK_AB_ARMS has an 'off' arm, but no-draft steps cannot run: "
                                  f"{self._no_draft_off_reason}")
@@ -197,7 +200,8 @@ class DSparkControlledWorker(DSparkWorkerV2):
     def _forward_no_draft(self, batch, on_publish, grammar_barrier, coordination_plan):
         """SGLang's decode step with no draft forward (:mod:`sglang_dspark.no_draft`): the
         null proposer stands in for this step, the budget is 0 (the planner answers 0 for
-        a no-draft step), and the publish callback drops the placeholder confidences."""
+        a no-draft step), the draft-context commit projects the anchors only, and the
+        publish callback drops the placeholder confidences."""
         from sglang_dspark.no_draft import publish_without_confidence
 
         commit = self._deferred_commit()
@@ -206,11 +210,14 @@ class DSparkControlledWorker(DSparkWorkerV2):
         if batch.spec_info is not None:
             batch.spec_info.verify_token_budget = 0     # overlap scheduling prepared it already
         proposer, self._proposer = self._proposer, self._null_proposer
+        executor = self._verify_executor
+        executor.commit_hidden = self._anchor_commit     # this step's commit: the anchors only
         try:
             result = super()._forward_decode(batch, publish_without_confidence(on_publish), grammar_barrier,
                                              coordination_plan=coordination_plan)
         finally:
             self._proposer = proposer
+            del executor.commit_hidden
         self._no_draft_steps += 1
         return result
 
@@ -408,7 +415,9 @@ class DSparkControlledWorker(DSparkWorkerV2):
         """No-draft steps: how many ran, the gate's state and switches, and the measured
         no-draft step time next to the drafted plan's at the latest load."""
         pol, last = self._policy, self._stats.last_record
+        commit = getattr(self, "_anchor_commit", None)
         state = {"steps": self._no_draft_steps, "off_probes": pol.off_probes,
+                 "anchor_only_commits": None if commit is None else commit.steps,
                  "gate": None if pol.gate is None else pol.gate.summary(),
                  "unavailable": self._no_draft_off_reason or None}
         if last is not None and last.num_requests:

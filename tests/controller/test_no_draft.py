@@ -16,7 +16,7 @@ def test_a_zero_budget_always_votes_off_and_otherwise_off_needs_its_margin():
 
 
 def test_gate_needs_confirmed_votes_and_dwell_then_redrafts_on_schedule_and_on_load_drop():
-    cfg = GateConfig(confirm=2, min_dwell=4, redraft_every=5, redraft_len=2, load_drop=0.5)
+    cfg = GateConfig(confirm=2, min_dwell=4, redraft_every=5, redraft_max=10, redraft_len=2, load_drop=0.5)
     g = DraftGate(cfg)
     kw = dict(theta_on=100.0, theta_off=200.0, best_budget=2, num_req=16)
     assert g.draft(16)
@@ -25,9 +25,9 @@ def test_gate_needs_confirmed_votes_and_dwell_then_redrafts_on_schedule_and_on_l
     assert g.draft(16)
     g.vote(**kw)
     assert g.off and g.switches["off"] == 1
-    seq = [g.draft(16) for _ in range(12)]
-    # 5 off steps, a burst of 2 drafted steps, 5 off steps...
-    assert seq == [False] * 5 + [True, True] + [False] * 5
+    seq = [g.draft(16) for _ in range(32)]
+    # 5 off steps, a burst of 2 drafted steps, then the interval doubles up to 10
+    assert seq == [False] * 5 + [True, True] + [False] * 10 + [True, True] + [False] * 10 + [True, True] + [False]
     # the load halves: a re-draft burst at once
     assert g.draft(7)
     # drafting priced on what the policy knew wins by the on margin: back on after the dwell

@@ -16,9 +16,11 @@ choice never flaps (the failure of a batch-size-keyed switch, vLLM #49548):
   budget is 0);
 * off -> on when the drafted plan, priced on what the policy last knew of the drafts
   (their survival at the last drafted step), wins by ``on_margin``, after ``min_dwell``;
-* while off, a *re-draft* burst of ``redraft_len`` drafted steps every ``redraft_every``
-  off steps, and at once when the load falls below ``load_drop`` of the load at which
-  drafting stopped: fresh confidences and acceptance, so the estimate does not go stale.
+* while off, a *re-draft* burst of ``redraft_len`` drafted steps after ``redraft_every``
+  off steps, the interval doubling after each burst that kept drafting off (up to
+  ``redraft_max``), and at once when the load falls below ``load_drop`` of the load at
+  which drafting stopped: fresh confidences and acceptance, so the estimate does not go
+  stale, at a cost that fades while the load stays where drafting does not pay.
 
 The gate is asked before a step starts and sees only earlier steps (votes, measured
 times, the last known survival), so a no-draft step is lossless by construction: no
@@ -45,7 +47,8 @@ class GateConfig:
     on_margin: float = 0.05       # ... and drafting must beat off by this much to come back
     confirm: int = 2              # consecutive off votes before drafting stops
     min_dwell: int = 16           # steps in a state before the next switch
-    redraft_every: int = 64       # off steps between two re-draft bursts
+    redraft_every: int = 64       # off steps before the first re-draft burst
+    redraft_max: int = 1024       # ... the interval doubles after each burst, up to this
     redraft_len: int = 3          # drafted steps per burst (the confidence relay lags a step)
     load_drop: float = 0.75       # re-draft at once when R falls below this share of R at the switch
 
@@ -54,7 +57,7 @@ class GateConfig:
             v = float(getattr(self, name))
             if not 0.0 <= v < 1.0:
                 raise ValueError(f"GateConfig.{name} must be in [0, 1), got {v!r}")
-        for name in ("confirm", "min_dwell", "redraft_every", "redraft_len"):
+        for name in ("confirm", "min_dwell", "redraft_every", "redraft_max", "redraft_len"):
             v = getattr(self, name)
             if int(v) < 1:
                 raise ValueError(f"GateConfig.{name} must be >= 1, got {v!r}")
@@ -114,6 +117,7 @@ class DraftGate:
         self.since_switch = 1 << 30      # steps since the last switch
         self.off_votes = 0               # consecutive votes for off
         self.off_steps = 0               # off steps since the last re-draft burst
+        self.redraft_interval = config.redraft_every   # off steps before the next burst
         self.redraft_left = 0            # drafted steps left in the current burst
         self.off_at_requests = 0         # R when drafting stopped
         self.pinned: Optional[bool] = None   # an operator's "draft" (True) / "no draft" (False)
@@ -132,7 +136,10 @@ class DraftGate:
             self.redraft_left -= 1
             return self._count(True, redraft=True)
         cfg = self.config
-        if int(num_req) < cfg.load_drop * self.off_at_requests or self.off_steps >= cfg.redraft_every:
+        dropped = int(num_req) < cfg.load_drop * self.off_at_requests
+        if dropped or self.off_steps >= self.redraft_interval:
+            if not dropped:      # the last burst kept drafting off: wait longer next time
+                self.redraft_interval = min(2 * self.redraft_interval, max(cfg.redraft_max, cfg.redraft_every))
             self.off_steps = 0
             self.off_at_requests = int(num_req)
             self.redraft_left = cfg.redraft_len - 1
@@ -173,6 +180,7 @@ class DraftGate:
         self.off_votes = 0
         self.off_steps = 0
         self.redraft_left = 0
+        self.redraft_interval = self.config.redraft_every
         self.off_at_requests = int(num_req) if off else 0
         self.switches["off" if off else "on"] += 1
 

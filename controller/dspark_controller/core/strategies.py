@@ -108,20 +108,16 @@ def prefer_uniform(theta_u: Optional[float], planned_theta: Optional[float], *, 
     """``(take the uniform path, this step re-checks the ragged plan instead)``.
 
     The uniform path wins when its measured throughput ``theta_u`` is at least the ragged
-    plan's predicted ``planned_theta``.  But once it wins, the ragged budgets near that
-    boundary stop being measured, and a thin, stale cell of the profile keeps deciding (the
-    16-request benchmark: ours verified nearly everything where verifying ~3/4 was 4-5%
-    faster).  So when the plan's ``(R, B = R + budget)`` cell has fewer than
-    ``BOUNDARY_MIN_SAMPLES`` forgotten samples, the plan runs anyway on a
-    ``BOUNDARY_CHECK_PROB`` share of those steps, which measures exactly the comparison
-    being made.  Eight samples of a step time that moves 10-20% from step to step (this
-    CPU host) still leave the cell ~5% off, enough to settle a near tie the wrong way for
-    good: the benchmark's online server verified everything at 16 and 32 requests, where
-    half the drafts ran 11-14% faster on the same server, while its ragged profile had
-    learned from 402 of 6028 steps.  So while uniform wins by less than ``BOUNDARY_NEAR``,
-    checks go on at a share that fades with the square of the cell's samples
-    (:func:`boundary_check_probability`): the cell keeps filling, ever more slowly, until
-    its mean settles the tie.  One ``rng.random()`` draw, only when the share is not zero.
+    plan's predicted ``planned_theta``.  Once it wins, the ragged budgets near that
+    boundary stop being measured, so a thin, stale profile cell would keep deciding: when
+    the plan's ``(R, B = R + budget)`` cell has fewer than ``BOUNDARY_MIN_SAMPLES``
+    forgotten samples, the plan runs anyway on a ``BOUNDARY_CHECK_PROB`` share of those
+    steps, which measures exactly the comparison being made; and while uniform wins by
+    less than ``BOUNDARY_NEAR``, checks go on at a share that fades with the square of the
+    cell's samples (:func:`boundary_check_probability`), so the cell keeps filling, ever
+    more slowly, until its mean settles the tie.  One ``rng.random()`` draw, only when the
+    share is not zero (the benchmarks behind the rule: docs/worker.md, "Full-budget steps
+    on the uniform path").
     Worker and simulator share this rule."""
     if theta_u is None or planned_theta is None or theta_u < float(planned_theta):
         return False, False
@@ -169,15 +165,14 @@ def probe_budget(k: int, *, full: int, rng: Any, prob: float = PROBE_PROB,
 
     The profile decides by the slope of step time in B around the budget it chose, and its
     steps pile up at that budget: the neighbouring cells of the row are measured only by
-    the rare exploration steps, so the slope there is mostly the additive fit's, which
-    sets it from other rows (on the CPU bench pair about 1.5-2x the row's own slope, and the
-    policy verified half of what the best fixed budget did at 32 requests, in the
-    interleaved A/B of benchmarks/ab_bench.py).  So on ``PROBE_PROB`` of the steps the
-    policy runs ``k`` plus or minus ``PROBE_STEP`` of the draft tokens (half each way,
-    clipped to the ragged budgets ``[0, full - 1]``; from a full budget, down): the row's
-    own cells on both sides of the choice fill, the row correction follows them, and the
-    choice moves along.  Near the optimum such a step costs little (second order in the
-    step).  One ``rng.random()`` draw.  Worker and simulator share it."""
+    the rare exploration steps, so the slope there would mostly be the additive fit's, set
+    by other rows.  So on ``PROBE_PROB`` of the steps the policy runs ``k`` plus or minus
+    ``PROBE_STEP`` of the draft tokens (half each way, clipped to the ragged budgets
+    ``[0, full - 1]``; from a full budget, down): the row's own cells on both sides of the
+    choice fill, the row correction follows them, and the choice moves along.  Near the
+    optimum such a step costs little (second order in the step).  One ``rng.random()``
+    draw (the benchmark behind the rule: docs/worker.md, source 4).  Worker and simulator
+    share it."""
     full = int(full)
     if full < 2:
         return None

@@ -25,6 +25,13 @@ through ``Controller._on_step`` as ``StepTelemetry`` (the fields the worker's
 ``ControllerLink.publish`` sends), decisions come from ``Controller.decide`` every
 ``decision_interval_s`` of simulated time, and the worker side applies them through
 ``BudgetPolicy`` (``_from_controller``).
+
+No-draft steps: before every decode step the simulator asks :meth:`Policy.draft` (our
+policies: ``BudgetPolicy.draft_step(R)``, as the worker asks it); False runs a plain decode
+step (no draft forward, one token per request, the cost model's ``nospec`` step) and
+reports it through :meth:`Policy.observe_off` (``BudgetPolicy.observe_off_step``) instead of
+``observe``: such a step feeds neither the SPS profile, the calibration, the admission
+gain nor the controller's telemetry.
 """
 
 from __future__ import annotations
@@ -255,6 +262,17 @@ class Policy:
         """One finished step; ``uniform``: it ran on SGLang's uniform verify path (see
         ``Scenario.full_budget_static``)."""
 
+    def draft(self, *, now: float, R: int) -> bool:
+        """Before a decode step: draft it (True) or run a no-draft step (False)."""
+        return True
+
+    def observe_off(self, *, now: float, R: int, t: float) -> None:
+        """A finished no-draft step of ``R`` requests that took ``t`` seconds."""
+
+    def gate_summary(self) -> Optional[dict]:
+        """The drafting gate's state and counters (None: the policy has no gate)."""
+        return None
+
     def state(self) -> dict[str, Any]:
         return {"sources": dict(self.sources)}
 
@@ -311,6 +329,22 @@ class OnlinePolicy(Policy):
     def observe(self, *, now, R, B, t, accepted, lengths, uniform=False):
         self._learn(R, B, t, accepted, lengths, uniform)
 
+    def draft(self, *, now, R):
+        return self.brain.draft_step(int(R))
+
+    def observe_off(self, *, now, R, t):
+        # the worker's call after a no-draft step: the off-step time per R and the gate's
+        # check; nothing reaches the profile, the calibration or the admission gain
+        self.brain.observe_off_step(int(R), float(t))
+
+    def gate_summary(self):
+        g = self.brain.gate
+        if g is None:
+            return None
+        out = g.summary()
+        out["off_probes"] = int(self.brain.off_probes)
+        return out
+
     def _learn(self, R: int, B: int, t: float, accepted: np.ndarray, lengths: np.ndarray, uniform: bool) -> None:
         """What the worker's telemetry hook does with a finished step (the same calls): the
         policy's calibration and admission gain (a uniform-path step has no per-request
@@ -359,6 +393,10 @@ class ControllerPolicy(OnlinePolicy):
     def budget(self, *, now, R, gamma, lagged_survival, true_sps):
         self._now, self._R = now, R
         return super().budget(now=now, R=R, gamma=gamma, lagged_survival=lagged_survival, true_sps=true_sps)
+
+    def draft(self, *, now, R):
+        self._now, self._R = now, R     # draft_step reads the controller's latest decision
+        return super().draft(now=now, R=R)
 
     def observe(self, *, now, R, B, t, accepted, lengths, uniform=False):
         self._learn(R, B, t, accepted, lengths, uniform)

@@ -24,6 +24,18 @@ LABELS = {
 }
 
 
+# labels of a scenario's named variants (Scenario.variants), set by write_outputs
+_VARIANT_LABELS: dict[str, tuple[str, Optional[str], str, str]] = {}
+
+
+def set_variant_labels(variants: Optional[dict]) -> None:
+    """Labels for a scenario's variants: the base policy's colour, dotted, marker x."""
+    _VARIANT_LABELS.clear()
+    for name, v in (variants or {}).items():
+        base = LABELS.get(str(v.get("policy")), (name, None, "o", "-"))
+        _VARIANT_LABELS[name] = (str(v.get("label") or name), base[1], "x", ":")
+
+
 def _plt() -> Any:
     try:
         import matplotlib
@@ -36,7 +48,7 @@ def _plt() -> Any:
 
 
 def _label(p: str, floor: Optional[float] = None) -> tuple[str, str, str, str]:
-    lab, col, mk, ls = LABELS.get(p, (p, None, "o", "-"))
+    lab, col, mk, ls = LABELS.get(p) or _VARIANT_LABELS.get(p) or (p, None, "o", "-")
     if p == "sla" and floor:
         lab = f"ours: controller, SLA floor {floor:g} tok/s/user"
     return lab, col, mk, ls
@@ -252,14 +264,19 @@ def results_markdown(results: Sequence[Any], anchors_tab: dict, anchors: Sequenc
         lines.append("")
     if results:
         lines.append("| policy | load | tok/s | tok/s/user | p10 user | budget/req | tau | R | B | step ms | "
-                     "prefill % | SLA met | profile err |")
-        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+                     "prefill % | SLA met | profile err | no-draft % | gate switches |")
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         sla = "-" if r.sla_met_frac is None else f"{100 * r.sla_met_frac:.0f}%"
         err = "-" if r.model_error is None else f"{100 * r.model_error:.1f}%"
         lines.append(f"| {r.policy} | {r.level:g} | {_f(r.throughput, 0)} | {_f(r.per_user)} | {_f(r.per_user_p10)} | "
                      f"{r.budget_per_request:.2f} | {r.tau:.2f} | {r.mean_running:.1f} | {r.mean_batch_tokens:.0f} | "
-                     f"{r.mean_step_ms:.2f} | {100 * r.prefill_time_frac:.0f} | {sla} | {err} |")
+                     f"{r.mean_step_ms:.2f} | {100 * r.prefill_time_frac:.0f} | {sla} | {err} | "
+                     f"{100 * getattr(r, 'no_draft_frac', 0.0):.0f} | "
+                     f"{'-' if getattr(r, 'gate_switches', None) is None else r.gate_switches} |")
+    ratio = _vs_nospec(results)
+    if ratio:
+        lines += [""] + ratio
     if timelines:
         lines.append("")
         lines.append("| policy (drift run) | tok/s before drift | tok/s, last quarter | change | "
@@ -272,11 +289,31 @@ def results_markdown(results: Sequence[Any], anchors_tab: dict, anchors: Sequenc
     return "\n".join(lines) + "\n"
 
 
+def _vs_nospec(results: Sequence[Any]) -> list[str]:
+    """Throughput of each policy over no speculation's, per load level (empty: no nospec run)."""
+    by = _by_policy(results)
+    base = {r.level: r.throughput for r in by.get("nospec", [])}
+    if not base or len(by) < 2:
+        return []
+    levels = sorted(base)
+    out = ["Throughput over no speculation's at each load level (1.00 = plain decoding):\n",
+           "| policy | " + " | ".join(f"{lv:g}" for lv in levels) + " |",
+           "|---|" + "---:|" * len(levels)]
+    for pol, rs in by.items():
+        if pol == "nospec":
+            continue
+        got = {r.level: r.throughput for r in rs}
+        out.append(f"| {pol} | " + " | ".join(f"{got[lv] / base[lv]:.3f}" if lv in got and base[lv] > 0 else "-"
+                                              for lv in levels) + " |")
+    return out
+
+
 def write_outputs(out_dir: str, *, scenario: Any, cost_desc: dict, results: Sequence[Any], anchors_tab: dict,
                   timelines: Sequence[Any], meta: dict, modelled: bool, prefix: str = "") -> dict[str, str]:
     """results.json, results.md and the PNGs into ``out_dir``; returns the paths written."""
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
+    set_variant_labels(getattr(scenario, "variants", None))
     paths: dict[str, str] = {}
     title = f"{scenario.name}: {scenario.description}" if scenario.description else scenario.name
     floor = scenario.sla_floor

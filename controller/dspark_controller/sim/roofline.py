@@ -17,7 +17,9 @@ Two cost models give the time of one engine step as the simulator needs it:
   over ``R * gamma`` positions (``draft_layers`` target-shaped dense layers and the shared
   LM head, reading the drafter's own context KV); an MTP-1 step is a target forward over
   ``2R`` tokens plus one MTP module (one layer + LM head) over ``R`` tokens; no
-  speculation is a target forward over ``R`` tokens. Fixed per-step overheads (scheduler,
+  speculation is a target forward over ``R`` tokens, and so is a DSpark engine's no-draft
+  step (the draft cost is the separate drafter forward: drafted = target(B) + draft(R),
+  no-draft = target(R)). Fixed per-step overheads (scheduler,
   sampling, launches) and a per-request term are added. Prefill is a target + drafter
   forward over the prompt tokens with quadratic attention.
 * :class:`ProfileCost`: a measured SPS profile (DSpark profile file or SGLang table) that

@@ -22,6 +22,11 @@ What is simulated
   live survival products (the production structure; see :mod:`.sim_policies`, which runs
   the worker's and controller's own code). Accepted tokens are sampled; each request gains
   ``accepted + 1`` tokens.
+* **No-draft steps**: before each decode step our policies are asked ``draft_step(R)``
+  (``BudgetPolicy``, as the worker asks it); a no-draft step costs the cost model's plain
+  decode step at ``R`` requests (``nospec``: no drafter forward), gains one token per
+  request, and is reported through ``observe_off_step`` only (never the profile or the
+  calibration).
 * **Step time** comes from a cost model at (R, B, context): a measured profile
   (:class:`~.sim_roofline.ProfileCost`) or the analytic roofline of a named GPU and model
   (:class:`~.sim_roofline.RooflineCost`, MODELLED), times log-normal noise, optionally
@@ -250,6 +255,11 @@ class Scenario:
     # overrides of the policy's PolicyConfig (dspark_controller.core.policy), e.g. {"probe": false}:
     # an ablation of our policy is a scenario setting
     policy_config: dict = field(default_factory=dict)
+    # named variants of a built-in policy with their own PolicyConfig overrides (on top of
+    # policy_config), run like any policy: {"online-always-draft": {"policy": "online",
+    # "policy_config": {"no_draft": false}, "label": "..."}}
+    variants: dict = field(default_factory=dict)
+    policies: Optional[list] = None          # this scenario's default policies (None: DEFAULT_POLICIES)
     upstream_table: Any = "static-probe"     # 'static-probe' (measured at start) | path | dict
     lag_steps: int = 2
     # our worker's SGLANG_DSPARK_FULL_BUDGET_STATIC (default on for CPU devices): its steps whose
@@ -284,6 +294,19 @@ SCENARIOS: dict[str, Callable[[], Scenario]] = {
         "gpu-moe-8xh200", {"kind": "roofline", "gpu": "h200", "model": "deepseek-v3", "dtype": "fp8",
                            "num_gpus": 8},
         description="MODELLED: DeepSeek-V3-class MoE (671B, 37B active), FP8, 8x H200 (EP/TP 8), gamma=7"),
+    "gpu-70b-h200-heavy-draft": lambda: _gpu_scenario(
+        "gpu-70b-h200-heavy-draft",
+        {"kind": "roofline", "gpu": "h200", "model": "llama-70b", "dtype": "fp8", "draft_layers": 4},
+        domains=["mtbench", "alpaca"],
+        workload=Workload(prompt=LengthDist("lognormal", mean=512, sigma=0.7, lo=32, hi=4096),
+                          output=LengthDist("lognormal", mean=256, sigma=0.6, lo=16, hi=2048)),
+        levels=[1, 8, 32, 64, 96, 128, 192, 256], steps=800, warmup_steps=300,
+        policies=["nospec", "verify_all", "upstream", "online", "online-always-draft", "oracle"],
+        variants={"online-always-draft": {"policy": "online", "policy_config": {"no_draft": False},
+                                          "label": "ours: online, no-draft steps off (ablation)"}},
+        description="MODELLED: speculation stops paying at high load: Llama-3.1-70B-class target, FP8, one "
+                    "H200, an expensive 4-layer drafter (gamma=7) and modest acceptance (chat domains, "
+                    "tau ~3.6), short prompts; with and without no-draft steps"),
     "cpu-tiny": lambda: Scenario(
         name="cpu-tiny", gamma=7, max_running=32, levels=[1, 2, 4, 8, 16, 32], steps=400, warmup_steps=200,
         cost={"kind": "profile", "path": "profiles/tiny-cpu-2core.sglang-sps-table.json"},
@@ -350,6 +373,7 @@ def build_cost(sc: Scenario) -> CostModel:
 
 # ------------------------------------------------------------------ requests and engines
 _BLOCK = 32
+_NREC = 9       # fields of a step record (_Run.records)
 
 
 class _Request:
@@ -422,6 +446,8 @@ class LevelResult:
     sla_met_frac: Optional[float] = None
     model_error: Optional[float] = None
     sources: dict = field(default_factory=dict)
+    no_draft_frac: float = 0.0         # decode steps without a draft forward (no-draft steps; 1 for nospec)
+    gate_switches: Optional[int] = None  # drafting <-> no-draft switches of the gate during the level
     window_s: float = 0.0
     makespan_s: float = 0.0
     wall_s: float = 0.0
@@ -454,7 +480,7 @@ class _Run:
         self._eseq = 0
         self.next_rid = 0
         self.t_warm: Optional[float] = t0 if warmup_steps <= 0 else None
-        self.records: list[tuple] = []      # (t_end, dt, kind, R, K, tokens, running, engine)
+        self.records: list[tuple] = []      # (t_end, dt, kind, R, K, tokens, running, engine, drafted)
         self.finished: list[_Request] = []
         self.user_left: dict[int, int] = {}
         self.stop_arrivals = False
@@ -529,7 +555,7 @@ class _Run:
             for r in admitted:
                 r.generated = 1
                 r.first_token = end
-            self.records.append((end, dt, 1, len(eng.running), 0, len(admitted), len(eng.running), eng.idx))
+            self.records.append((end, dt, 1, len(eng.running), 0, len(admitted), len(eng.running), eng.idx, 0))
             eng.running.extend(admitted)
             self._finish_done(eng, end)
             return dt
@@ -549,6 +575,8 @@ class _Run:
         pol = eng.policy
         kind = pol.kind
         ctx_sum = float(sum(r.prompt + r.generated for r in reqs))
+        if kind == "dspark" and not pol.draft(now=now, R=R):
+            return self._off_step(eng, now, R, ctx_sum)
         if kind == "nospec":
             lengths = np.zeros(R, dtype=np.int64)
             accepted = np.zeros(R, dtype=np.int64)
@@ -594,15 +622,39 @@ class _Run:
             r.decode_tokens += add
             tokens += add
         eng.decode_steps += 1
-        self.records.append((end, dt, 0, R, K, tokens, R, eng.idx))
+        self.records.append((end, dt, 0, R, K, tokens, R, eng.idx, 0 if kind == "nospec" else 1))
         pol.observe(now=end, R=R, B=B, t=dt, accepted=accepted, lengths=lengths, uniform=step_kind == "static"
                     and kind == "dspark")
+        self._after_decode(eng, end)
+        return dt
+
+    def _after_decode(self, eng: _Engine, end: float) -> None:
         self._finish_done(eng, end)
         if eng.idx == 0:
             if self.t_warm is None and eng.decode_steps >= self.warmup_steps:
                 self.t_warm = end
             if self.drift_at_step is not None and self.drift_t is None and eng.decode_steps >= self.drift_at_step:
                 self.drift_t = end
+
+    def _off_step(self, eng: _Engine, now: float, R: int, ctx_sum: float) -> float:
+        """A no-draft step (the policy's ``draft_step`` said no): the engine's plain decode
+        step at ``R`` requests (the cost model's ``nospec`` kind: the target over ``B = R``
+        tokens, no drafter forward), one token per request, no draft block drawn (each
+        request's draft stream and its relayed confidences stay where they were); the
+        policy hears of it through ``observe_off`` only."""
+        reqs = eng.running
+        dt = self.noisy(float(self.true_step("nospec", R, R, ctx_sum, now)))
+        end = now + dt
+        tokens = 0
+        for r in reqs:
+            if r.generated < r.out_len:
+                r.generated += 1
+                r.decode_tokens += 1
+                tokens += 1
+        eng.decode_steps += 1
+        self.records.append((end, dt, 0, R, 0, tokens, R, eng.idx, 0))
+        eng.policy.observe_off(now=end, R=R, t=dt)
+        self._after_decode(eng, end)
         return dt
 
     _backend: Backend
@@ -690,7 +742,7 @@ def _level_metrics(run: _Run, policy_name: str, pols: list, floor: Optional[floa
     finite = run.steps is None
     t_lo = run.t0 if finite else (run.t_warm if run.t_warm is not None else run.t0)
     t_hi = run.t_end
-    rec = np.asarray(run.records, dtype=np.float64).reshape(-1, 8) if run.records else np.zeros((0, 8))
+    rec = np.asarray(run.records, dtype=np.float64).reshape(-1, _NREC) if run.records else np.zeros((0, _NREC))
     ends = rec[:, 0]
     win = (ends > t_lo) & (ends <= t_hi)
     w = rec[win]
@@ -719,6 +771,7 @@ def _level_metrics(run: _Run, policy_name: str, pols: list, floor: Optional[floa
         res.mean_batch_tokens = float(np.mean(dec[:, 3] + dec[:, 4]))
         res.mean_step_ms = 1e3 * float(np.mean(dec[:, 1]))
         res.decode_steps = int(len(dec))
+        res.no_draft_frac = float(np.mean(dec[:, 8] == 0))
     res.prefill_time_frac = float(w[w[:, 2] == 1, 1].sum() / max(w[:, 1].sum(), 1e-12))
     fin = [r for r in run.finished if (finite or r.finish > t_lo)]
     res.completed = len(fin)
@@ -801,13 +854,46 @@ def _make_engines(sc: Scenario, cost: CostModel, policy: str, backend: Backend, 
                   seed: int) -> list[_Engine]:
     kv = cost.kv_capacity_tokens()
     engines = []
+    base, over = resolve_policy(sc, policy)
     for i in range(sc.engines):
-        pol = make_policy(policy, backend=backend, gamma=sc.gamma, engine_idx=i, shared=shared,
+        pol = make_policy(base, backend=backend, gamma=sc.gamma, engine_idx=i, shared=shared,
                           upstream_table=table, max_running=sc.max_running, seed=seed, sla_floor=sc.sla_floor,
                           controller_explore=sc.controller_explore, send_verify_lens=sc.send_verify_lens,
-                          brain_config=PolicyConfig(**{"seed": seed + i, **sc.policy_config}))
+                          brain_config=policy_config_of({"seed": seed + i, **sc.policy_config, **over}))
         engines.append(_Engine(i, pol, sc.max_running, kv))
     return engines
+
+
+def policy_config_of(over: dict) -> PolicyConfig:
+    """A :class:`PolicyConfig` from overrides (a JSON ``gate`` object becomes a ``GateConfig``)."""
+    from dspark_controller.core.no_draft import GateConfig
+
+    over = dict(over)
+    if isinstance(over.get("gate"), dict):
+        over["gate"] = GateConfig(**over["gate"])
+    bad = set(over) - set(PolicyConfig.__dataclass_fields__)
+    if bad:
+        raise ValueError(f"unknown policy_config field(s) {sorted(bad)}")
+    return PolicyConfig(**over)
+
+
+def scenario_policies(sc: Scenario) -> list[str]:
+    """The policy names this scenario runs by default."""
+    return list(sc.policies) if sc.policies else list(DEFAULT_POLICIES)
+
+
+def resolve_policy(sc: Scenario, name: str) -> tuple[str, dict]:
+    """A policy name -> (built-in policy, PolicyConfig overrides of a scenario variant)."""
+    v = (sc.variants or {}).get(name)
+    if v is None:
+        if name not in POLICY_NAMES:
+            known = list(POLICY_NAMES) + list(sc.variants or {})
+            raise ValueError(f"unknown policy {name!r}; known: {', '.join(known)}")
+        return name, {}
+    base = v.get("policy")
+    if base not in POLICY_NAMES:
+        raise ValueError(f"variant {name!r}: 'policy' must be one of {', '.join(POLICY_NAMES)}, got {base!r}")
+    return str(base), dict(v.get("policy_config") or {})
 
 
 def _fresh(engines: list[_Engine]) -> list[_Engine]:
@@ -815,14 +901,15 @@ def _fresh(engines: list[_Engine]) -> list[_Engine]:
     return [_Engine(e.idx, e.policy, e.max_running, e.kv_cap) for e in engines]
 
 
-def run_frontier(sc: Scenario, *, policies: Sequence[str] = DEFAULT_POLICIES, backend: str | Backend = "planner",
+def run_frontier(sc: Scenario, *, policies: Optional[Sequence[str]] = None, backend: str | Backend = "planner",
                  arrival: str = "closed", levels: Optional[Sequence[float]] = None,
                  progress: Optional[Callable[[str], None]] = None) -> list[LevelResult]:
     """Every policy at every level, in increasing load; a policy's learned state persists over
     the sweep (one server per configuration, as in ``benchmarks/worker_bench.py``)."""
     be = backend if isinstance(backend, Backend) else resolve_backend(backend)
+    policies = list(policies) if policies else scenario_policies(sc)
     cost = build_cost(sc)
-    table = _upstream_table(sc, cost) if "upstream" in policies else None
+    table = _upstream_table(sc, cost) if any(resolve_policy(sc, p)[0] == "upstream" for p in policies) else None
     domains = _domains(sc)
     levels = list(levels or sc.levels)
     finite = sc.workload.requests_per_user is not None and arrival == "closed"
@@ -845,15 +932,25 @@ def run_frontier(sc: Scenario, *, policies: Sequence[str] = DEFAULT_POLICIES, ba
                        steps=None if finite else sc.steps,
                        warmup_steps=0 if finite else int(sc.warmup_frac * sc.steps), drift=Drift(),
                        drift_at_step=None, prompt_scale_after_drift=1.0)
+            sw0 = _gate_switches(run.engines)
             t = run.run(be)
             res = _level_metrics(run, name, [e.policy for e in run.engines],
-                                 sc.sla_floor if name == "sla" else None, _time.perf_counter() - t0)
+                                 sc.sla_floor if resolve_policy(sc, name)[0] == "sla" else None,
+                                 _time.perf_counter() - t0)
+            if sw0 is not None:
+                res.gate_switches = _gate_switches(run.engines) - sw0
             out.append(res)
             if progress:
                 progress(f"[{pi + 1}/{len(policies)}] {name:>10} {arrival} {lv:>6g}: {res.throughput:10.1f} tok/s, "
                          f"{res.per_user:7.1f} tok/s/user, budget/req {res.budget_per_request:4.2f}, "
-                         f"tau {res.tau:4.2f} ({res.wall_s:.1f}s)")
+                         f"tau {res.tau:4.2f}, no-draft {100 * res.no_draft_frac:3.0f}% ({res.wall_s:.1f}s)")
     return out
+
+
+def _gate_switches(engines: list[_Engine]) -> Optional[int]:
+    """Switches of the engines' drafting gates so far (None: no gate)."""
+    sums = [g for g in (e.policy.gate_summary() for e in engines) if g is not None]
+    return sum(sum(g["switches"].values()) for g in sums) if sums else None
 
 
 def _warmup_levels(sc: Scenario) -> list[int]:
@@ -895,7 +992,7 @@ def run_timeline(sc: Scenario, *, concurrency: int, drift: Drift, drift_at_frac:
     drift sits at the same x for every policy."""
     be = backend if isinstance(backend, Backend) else resolve_backend(backend)
     cost = build_cost(sc)
-    table = _upstream_table(sc, cost) if "upstream" in policies else None
+    table = _upstream_table(sc, cost) if any(resolve_policy(sc, p)[0] == "upstream" for p in policies) else None
     domains = _domains(sc)
     drift_step = int(drift_at_frac * steps)
     every = max(1, steps // windows)
@@ -924,7 +1021,7 @@ def run_timeline(sc: Scenario, *, concurrency: int, drift: Drift, drift_at_frac:
         run.decode_step = wrapped  # type: ignore[method-assign]
         run.run(be)
         ends = np.asarray(run.step_ends)  # type: ignore[attr-defined]
-        rec = np.asarray(run.records, dtype=np.float64).reshape(-1, 8)
+        rec = np.asarray(run.records, dtype=np.float64).reshape(-1, _NREC)
         q = np.asarray(run.quality, dtype=np.float64).reshape(-1, 2)
         nwin = max(1, (len(ends) - 1) // every)
         thr, bud, qual, me, centres = [], [], [], [], []
@@ -1101,10 +1198,11 @@ def _cmd_simulate(args: Any) -> int:
     if args.send_verify_lens is not None:
         over["send_verify_lens"] = bool(args.send_verify_lens)
     sc = replace(sc, **over) if over else sc
-    policies = _csv(args.policies, str, "--policies") or list(DEFAULT_POLICIES)
-    bad = [p for p in policies if p not in POLICY_NAMES]
+    policies = _csv(args.policies, str, "--policies") or scenario_policies(sc)
+    known = list(POLICY_NAMES) + list(sc.variants or {})
+    bad = [p for p in policies if p not in known]
     if bad:
-        raise SimUsageError(f"unknown policy {bad[0]!r}; known: {', '.join(POLICY_NAMES)}")
+        raise SimUsageError(f"unknown policy {bad[0]!r}; known: {', '.join(known)}")
     levels = _csv(args.levels, float, "--levels")
     if levels and any(x <= 0 for x in levels):
         raise SimUsageError("--levels must be positive")
@@ -1127,7 +1225,7 @@ def _cmd_simulate(args: Any) -> int:
         drift_desc = (f"at {args.drift_at:g} of {args.timeline_steps} steps, concurrency {args.concurrency}: "
                       f"curve x{drift.scale:g}, marginal token cost x{drift.marginal:g}, prompts x{drift.context_growth:g}")
         tpols = _csv(args.timeline_policies, str, "--timeline-policies")
-        bad = [p for p in tpols if p not in POLICY_NAMES]
+        bad = [p for p in tpols if p not in known]
         if bad:
             raise SimUsageError(f"unknown policy {bad[0]!r}")
         timelines = run_timeline(sc, concurrency=args.concurrency, drift=drift, drift_at_frac=args.drift_at,
