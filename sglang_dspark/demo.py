@@ -11,8 +11,12 @@
    the measured ``profiles/tiny-cpu-2core`` table);
 3. runs the SGLang frontend program ``examples/frontend_program.py`` with several
    concurrent requests;
-4. prints the outputs, SGLang's accept length and the verify budgets chosen,
-   then shuts the server down.
+4. prints the outputs, SGLang's accept length and the verify budgets chosen;
+5. says whether speculation paid: the same closed-loop workload (``--compare-requests``
+   requests of ``--compare-tokens`` greedy tokens, all at once) on this server and then on
+   the target served without speculation, their tokens/s and ratio, and the share of the
+   DSPARK server's decode steps that ran without drafting (no-draft steps,
+   :mod:`sglang_dspark.no_draft`); then shuts the servers down.
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ import argparse
 import importlib.util
 import statistics
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from sglang_dspark.server_process import SGLangServer
+from sglang_dspark.server_process import SGLangServer, http_json
 from sglang_dspark.tiny_models import TinySpec, ensure_pair
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,6 +68,30 @@ def summarize(info: dict) -> dict:
     }
 
 
+COMPARE_PROMPTS = ["import os\n", "def parse(", "class Config:\n", "for line in ", "with open(",
+                   "try:\n    ", "def __init__(self", "return {"]
+
+
+def closed_loop_tok_s(url: str, *, requests: int, tokens: int) -> float:
+    """Output tokens/s of ``requests`` greedy requests of ``tokens`` tokens sent at once."""
+    def one(i):
+        r = http_json(url + "/generate", {"text": COMPARE_PROMPTS[i % len(COMPARE_PROMPTS)],
+                                          "sampling_params": {"temperature": 0, "max_new_tokens": tokens,
+                                                              "ignore_eos": True}}, timeout=600)
+        return int(r["meta_info"]["completion_tokens"])
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(requests) as ex:
+        done = sum(ex.map(one, range(requests)))
+    return done / (time.perf_counter() - t0)
+
+
+def no_draft_share(info: dict) -> tuple[int, int]:
+    """(no-draft steps, decode steps) of the DSPARK server so far."""
+    st = ((info["internal_states"][0].get("dspark_info_record") or {}).get("sglang_dspark") or {})
+    sources = st.get("budget_sources") or {}
+    return int(sources.get("no_draft", 0)), int(sum(sources.values()))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sglang_dspark.demo")
     ap.add_argument("--models", default=None,
@@ -73,7 +103,12 @@ def main(argv=None) -> int:
                     help="an SGLang SPS table for the server (default: none, our online profile; "
                          "with --constructed: profiles/tiny-cpu-2core.sglang-sps-table.json)")
     ap.add_argument("--mode", default="compact", choices=["static", "cap-accept", "compact"])
+    ap.add_argument("--compare-requests", type=int, default=8,
+                    help="concurrent requests of the speculation-vs-none comparison (0: skip it)")
+    ap.add_argument("--compare-tokens", type=int, default=64, help="greedy tokens per comparison request")
     args = ap.parse_args(argv)
+    if args.compare_requests < 0 or args.compare_tokens < 1:
+        ap.error("--compare-requests must be >= 0 and --compare-tokens >= 1")
 
     if args.constructed:
         models = Path(args.models or ROOT / "artifacts" / "tiny")
@@ -103,9 +138,26 @@ def main(argv=None) -> int:
         print(f"[demo] server up at {srv.url}; running examples/frontend_program.py", flush=True)
         _load_example().main(["--url", srv.url])
         stats = summarize(srv.server_info())
+        spec_tok_s = None
+        if args.compare_requests:
+            print(f"[demo] speculation vs none: {args.compare_requests} requests x {args.compare_tokens} "
+                  "tokens on this server...", flush=True)
+            n0, s0 = no_draft_share(srv.server_info())
+            spec_tok_s = closed_loop_tok_s(srv.url, requests=args.compare_requests, tokens=args.compare_tokens)
+            n1, s1 = no_draft_share(srv.server_info())
     print("[demo] SGLang DSpark statistics:")
     for k, v in stats.items():
         print(f"    {k}: {v}")
+    if spec_tok_s is not None:
+        print("[demo] ... and on the target alone (no speculation):", flush=True)
+        plain = SGLangServer(model_path=f"{models}/target", draft_path=None, extra_args=["--max-running-requests", "16"])
+        with plain:
+            plain_tok_s = closed_loop_tok_s(plain.url, requests=args.compare_requests, tokens=args.compare_tokens)
+        steps = s1 - s0
+        print(f"[demo] did speculation pay? DSPARK {spec_tok_s:.1f} tok/s, no speculation {plain_tok_s:.1f} tok/s: "
+              f"{spec_tok_s / plain_tok_s:.2f}x; {n1 - n0} of {steps} decode steps ran without drafting"
+              + (f" ({(n1 - n0) / steps:.0%})" if steps else "")
+              + " (one run on this machine, each server alone; ratios vary run to run by ~10%)")
     print("[demo] server shut down cleanly.")
     if stats["worker"] != "sglang_dspark.worker.DSparkControlledWorker":
         print("[demo] ERROR: the sglang-dspark worker was not active", file=sys.stderr)

@@ -8,6 +8,11 @@ numbers, so a pin cannot be lifted without a restart.  We add one key:
     lift the operator's pinned fraction: the worker's own policy (online profile,
     controller, or SGLang's table) decides again from the next step.
 
+``{"server_args": {"dspark_draft": 1 | 0 | -1}}``
+    pin drafting on (1: every decode step drafts) or off (0: no-draft steps only, plain
+    decoding; :mod:`sglang_dspark.no_draft`), or lift the pin (-1: the policy's gate
+    decides again).  Refused where no-draft steps cannot run (the reason is logged).
+
 Installed as an AFTER hook on ``SchedulerInternalStateController._update_handlers``
 (listed in :mod:`sglang_dspark.seams`); validation and the apply step reuse SGLang's own
 handler type, so a rejected value answers ``{"updated": false}`` with a logged reason,
@@ -19,6 +24,8 @@ from __future__ import annotations
 from typing import Any
 
 UNPIN_KEY = "dspark_unpin_budget"
+DRAFT_KEY = "dspark_draft"
+_DRAFT_PINS = {1: True, 0: False, -1: None}
 
 
 def update_handlers_hook(handlers: dict, controller, *args, **kwargs) -> dict:
@@ -34,4 +41,17 @@ def update_handlers_hook(handlers: dict, controller, *args, **kwargs) -> dict:
     def apply(key: str, value: Any) -> None:
         controller.scheduler.draft_worker.set_dspark_forced_budget_frac(None)
 
-    return {**handlers, UNPIN_KEY: _UpdateHandler(validate, apply)}
+    def validate_draft(key: str, value: Any) -> None:
+        controller._require_dspark_worker(key, "set_dspark_draft_pin")
+        if isinstance(value, bool) or value not in _DRAFT_PINS:
+            raise UpdateRejected(f"{key} takes 1 (draft every step), 0 (no-draft steps only) or -1 "
+                                 f"(lift the pin: the policy decides), got {value!r}.")
+        why = controller.scheduler.draft_worker.draft_pin_refusal()
+        if why:      # SGLang calls apply unguarded: every refusal is decided here
+            raise UpdateRejected(f"{key}: {why}")
+
+    def apply_draft(key: str, value: Any) -> None:
+        controller.scheduler.draft_worker.set_dspark_draft_pin(_DRAFT_PINS[int(value)])
+
+    return {**handlers, UNPIN_KEY: _UpdateHandler(validate, apply),
+            DRAFT_KEY: _UpdateHandler(validate_draft, apply_draft)}

@@ -31,9 +31,34 @@ class WorkerMetrics:
                                           "1 if the controller link is connected", **g)
         self.decisions = Counter("sglang_dspark:budget_decisions",
                                  "Budget decisions by source", ["source"])
+        self.drafting = Gauge("sglang_dspark:drafting",
+                              "1 if the latest decode step drafted, 0 if it was a no-draft step", **g)
+        self.no_draft_steps = Counter("sglang_dspark:no_draft_steps",
+                                      "No-draft decode steps by reason (gate, probe, operator, controller, ab)",
+                                      ["reason"])
+        self.no_draft_seconds = Counter("sglang_dspark:no_draft_step_seconds",
+                                        "Measured seconds of no-draft decode steps")
+        self.no_draft_predicted_seconds = Counter(
+            "sglang_dspark:no_draft_step_predicted_seconds",
+            "Predicted seconds of the no-draft steps that had a prediction (the policy's per-R times)")
+        self.switches = Counter("sglang_dspark:draft_gate_switches",
+                                "Drafting switched off / on by the policy's gate", ["to"])
         self._seen: dict[str, int] = {}
+        self._seen_switches: dict[str, int] = {}
 
-    def observe(self, rec, *, sources: dict, link_state: Optional[str]) -> None:
+    def observe(self, rec, *, sources: dict, link_state: Optional[str], switches: Optional[dict] = None) -> None:
+        self.drafting.set(1 if rec.drafted else 0)
+        if not rec.drafted:
+            self.no_draft_steps.labels(reason=(rec.arm if rec.arm not in (None, "policy") else None)
+                                       and "ab" or rec.draft_reason or "gate").inc()
+            self.no_draft_seconds.inc(rec.step_time_s)
+            if rec.predicted_step_s:
+                self.no_draft_predicted_seconds.inc(rec.predicted_step_s)
+        for to, n in (switches or {}).items():
+            delta = n - self._seen_switches.get(to, 0)
+            if delta > 0:
+                self.switches.labels(to=to).inc(delta)
+                self._seen_switches[to] = n
         if rec.budget_tokens is not None:
             self.budget.set(rec.budget_tokens)
         self.verify_tokens.set(rec.verify_tokens)

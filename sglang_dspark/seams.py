@@ -111,8 +111,10 @@ def all_seams() -> list[Seam]:
     seams.append(Seam(
         "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"
         "._update_handlers", "after",
-        "/set_internal_state key dspark_unpin_budget: lift a pinned budget fraction, which "
-        "SGLang's HTTP type cannot (null is not a number) (internal_state.py)", cpu_only=False,
+        "/set_internal_state keys dspark_unpin_budget (lift a pinned budget fraction, which "
+        "SGLang's HTTP type cannot: null is not a number) and dspark_draft (pin drafting on or "
+        "off, or lift that; every refusal decided in validate, since SGLang calls apply "
+        "unguarded) (internal_state.py)", cpu_only=False,
         hook=internal_state.update_handlers_hook))
     seams += [
         Seam("sglang.srt.managers.scheduler_components.internal_state._UpdateHandler", "requires",

@@ -42,6 +42,8 @@ class StepRecord:
     pred_drafts: Optional[float] = None
     # False: a no-draft step (sglang_dspark.no_draft): no draft forward, one token per request
     drafted: bool = True
+    # who chose drafting or not: gate | redraft | probe | operator | controller (None: no gate)
+    draft_reason: Optional[str] = None
 
 
 class StepClock:

@@ -264,6 +264,7 @@ class DSparkControlledWorker(DSparkWorkerV2):
             rec.accepted_lens = self._host(getattr(result, "accept_lens", None))
             rec.uniform = bool(uniform)
             rec.drafted = bool(drafted)
+            rec.draft_reason = self._policy.last_draft_reason if self._null_proposer is not None else None
             rec.forced = budget is not None and self._policy.last_source == "forced"
             rec.arm = self._online_planner.last_arm if budget is not None else None
             rec.pred_drafts = (self._policy.last_pred_drafts
@@ -318,7 +319,8 @@ class DSparkControlledWorker(DSparkWorkerV2):
             self._policy.observe_off_step(rec.num_requests, rec.step_time_s)
         else:
             self._policy.observe_step(survival=rec.survival, accepted=rec.accepted_lens,
-                                      verified=rec.verify_lens, pred_drafts=rec.pred_drafts, uniform=rec.uniform)
+                                      verified=rec.verify_lens, pred_drafts=rec.pred_drafts, uniform=rec.uniform,
+                                      step_s=rec.step_time_s)
 
     def _feed_stats(self, rec) -> None:
         self._stats.add(rec, rec.predicted_step_s)
@@ -366,7 +368,8 @@ class DSparkControlledWorker(DSparkWorkerV2):
 
     def _feed_metrics(self, rec) -> None:
         self._metrics.observe(rec, sources=self._policy.sources,
-                              link_state=self._link.client.link_state if self._link else None)
+                              link_state=self._link.client.link_state if self._link else None,
+                              switches=None if self._policy.gate is None else self._policy.gate.switches)
 
     def _log_state(self, rec) -> None:
         now = time.monotonic()
@@ -411,12 +414,35 @@ class DSparkControlledWorker(DSparkWorkerV2):
             })
         return state
 
+    def set_dspark_draft_pin(self, pin: Optional[bool]) -> None:
+        """The operator's runtime switch (``/set_internal_state`` key ``dspark_draft``,
+        :mod:`sglang_dspark.internal_state`): True drafts every step, False runs no-draft
+        steps only, None lifts the pin (the policy's gate decides again).  Call
+        :meth:`draft_pin_refusal` first."""
+        why = self.draft_pin_refusal()
+        if why:
+            raise ValueError(why)
+        self._policy.operator_pin = pin
+        logger.info("sglang-dspark: drafting %s by the operator",
+                    "lifted: the policy decides" if pin is None else ("pinned on" if pin else "pinned off"))
+
+    def draft_pin_refusal(self) -> str:
+        """Why the operator cannot pin drafting on this server, or ""."""
+        if not getattr(self, "_dspark_ready", False) or getattr(self, "_null_proposer", None) is None:
+            return ("no-draft steps are unavailable on this server: "
+                    + (getattr(self, "_no_draft_off_reason", "") or "they need online planning (tp_size 1) "
+                       "in compact or cap-accept mode (SGLANG_RAGGED_VERIFY_MODE)"))
+        if self._policy.gate is None:
+            return "no-draft steps are off on this server (SGLANG_DSPARK_NO_DRAFT=0)"
+        return ""
+
     def _no_draft_state(self) -> dict:
         """No-draft steps: how many ran, the gate's state and switches, and the measured
         no-draft step time next to the drafted plan's at the latest load."""
         pol, last = self._policy, self._stats.last_record
         commit = getattr(self, "_anchor_commit", None)
         state = {"steps": self._no_draft_steps, "off_probes": pol.off_probes,
+                 "operator_pin": pol.operator_pin, "last_reason": pol.last_draft_reason,
                  "anchor_only_commits": None if commit is None else commit.steps,
                  "gate": None if pol.gate is None else pol.gate.summary(),
                  "unavailable": self._no_draft_off_reason or None}

@@ -132,3 +132,27 @@ def test_off_times_follow_the_profile_and_fill_unmeasured_r_from_the_nearest():
     assert t.get(8) == pytest.approx(0.5 * float(m.predict_step_time(8, 8)))
     assert t.get(12) == pytest.approx(0.5 * float(m.predict_step_time(12, 12)))
     assert OffTimes(m).get(4) is None
+
+
+def test_gate_prices_drafting_by_what_drafted_steps_realised_not_by_the_profiles_prediction():
+    # the profile predicts drafted steps 40% too fast (a stale or optimistic profile): on
+    # predictions alone drafting wins, on what the steps realised plain decoding does
+    m = _model()
+    cfg = PolicyConfig(explore=False, probe=False, calibration=False, admission=False, uniform_gate=False)
+    survival = np.cumprod(np.full((16, 4), 0.9), axis=1)
+    true_on = lambda b: 1.4 * (0.01 + 0.004 + 0.001 * b)     # noqa: E731
+    off_s = 0.01 + 0.001 * 16
+    outcomes = {}
+    for realised in (False, True):
+        pol = BudgetPolicy(local_model=m, config=cfg)
+        for _ in range(300):
+            if pol.draft_step(16):
+                d = pol.decide(survival, max_len=4)
+                accepted = [min(3, d.budget // 16)] * 16
+                pol.observe_step(survival=None, accepted=accepted, verified=accepted,
+                                 pred_drafts=pol.last_pred_drafts, uniform=False,
+                                 step_s=true_on(16 + d.budget) if realised else None)
+            else:
+                pol.observe_off_step(16, off_s)
+        outcomes[realised] = pol.gate.off
+    assert outcomes == {False: False, True: True}, outcomes

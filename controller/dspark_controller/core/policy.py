@@ -62,6 +62,10 @@ from dspark_controller.core.strategies import (PROBE_PROB, PROBE_STEP, Admission
 
 __all__ = ["PolicyConfig", "Decision", "SurvivalCalibrator", "BudgetPolicy"]
 
+REALISED_EMA = 0.2       # weight of a drafted step in its R's realised tokens/s
+REALISED_MIN = 3         # steps at an R before its realised tokens/s replaces the prediction
+REALISED_DECAY = 0.99    # forgetting of the realised-over-predicted sums
+
 
 @dataclass(frozen=True)
 class PolicyConfig:
@@ -232,19 +236,34 @@ class BudgetPolicy:
         self.off_times = OffTimes(local_model)
         self.off_probes = 0
         self._known_row: Optional[np.ndarray] = None
+        self.operator_pin: Optional[bool] = None   # True: always draft, False: never (None: the policy)
+        # what the local plans' drafted steps realised: tokens/s per R (EMA) and, over all R,
+        # realised vs predicted (forgotten sums), so the gate prices drafting by outcomes
+        self._realised: dict[int, list] = {}
+        self._real_vs_pred = [0.0, 0.0]
+        self._pending_theta: Optional[float] = None
+        self.last_draft_reason = "none"
 
     # ------------------------------------------------------------------ draft or not
     def draft_step(self, num_req: int) -> bool:
         """Before a step: draft it (True), or decode it without drafts (False).  From
-        earlier steps only: the gate's state, a controller's fresh ``no_draft`` pin, and a
-        private-RNG coin that runs an off step to measure its time."""
+        earlier steps only: an operator's pin (:attr:`operator_pin`), a controller's fresh
+        ``no_draft`` pin, the gate's state, and a private-RNG coin that runs an off step to
+        measure its time.  :attr:`last_draft_reason` says which decided."""
         gate = self.gate
         if gate is None or num_req <= 0:
+            self.last_draft_reason = "no_gate"
             return True
-        d = self.latest_decision(self.config.decision_max_age_s) if self.latest_decision else None
-        mode = getattr(getattr(d, "policy", None), "mode", None)
-        gate.pinned = False if mode == "no_draft" else None
+        if self.operator_pin is not None:
+            gate.pinned, reason = self.operator_pin, "operator"
+        else:
+            d = self.latest_decision(self.config.decision_max_age_s) if self.latest_decision else None
+            pinned = getattr(getattr(d, "policy", None), "mode", None) == "no_draft"
+            gate.pinned, reason = (False, "controller") if pinned else (None, None)
+        redrafts = gate.steps["redraft"]
         drafting = gate.draft(num_req)
+        if reason is None:
+            reason = "redraft" if gate.steps["redraft"] != redrafts else "gate"
         if drafting and not gate.off and gate.pinned is None and self.local_model is not None:
             known = self.off_times.get(num_req) is not None
             p = self.config.off_probe_prob if known else self.config.off_probe_prob_unknown
@@ -252,7 +271,8 @@ class BudgetPolicy:
                 self.off_probes += 1
                 gate.steps["drafted"] -= 1
                 gate.steps["no_draft"] += 1
-                return False
+                drafting, reason = False, "probe"
+        self.last_draft_reason = reason
         return drafting
 
     def off_throughput(self, num_req: int) -> Optional[float]:
@@ -271,15 +291,38 @@ class BudgetPolicy:
             gate.vote_back(self.known_theta(num_req), self.off_throughput(num_req), num_req)
 
     def known_theta(self, num_req: int) -> Optional[float]:
-        """The best drafted plan's expected tokens/s at ``num_req`` requests, every request
-        drafting like the mean of the last local plan (None: no plan or profile yet)."""
+        """Drafting's expected tokens/s at ``num_req`` requests while none is drafted: what
+        the local plans' drafted steps realised at this R, else the best drafted plan with
+        every request drafting like the mean of the last local plan, scaled by realised
+        over predicted (None: no plan or profile yet)."""
         row, model = self._known_row, self.local_model
         if row is None or model is None or not getattr(model, "ready", False):
             return None
         survival = np.tile(row, (int(num_req), 1))
         planned = self._argmax(survival, model.sps_function(int(num_req)))
         d = self._uniform_if_better(planned, survival, int(num_req), int(survival.size), admitted=True)
-        return self._admitted(d, int(num_req), int(survival.size))
+        return self.realised_theta(int(num_req), self._admitted(d, int(num_req), int(survival.size)))
+
+    def realised_theta(self, num_req: int, predicted: Optional[float]) -> Optional[float]:
+        """Drafting's tokens/s at ``num_req`` as the local plans' steps realised it (EMA of at
+        least ``REALISED_MIN`` steps at this R), else ``predicted`` scaled by realised over
+        predicted across all R."""
+        e = self._realised.get(int(num_req))
+        if e is not None and e[1] >= REALISED_MIN:
+            return e[0]
+        real, pred = self._real_vs_pred
+        if predicted is None or pred <= 0:
+            return predicted
+        return float(predicted) * real / pred
+
+    def _observe_realised(self, num_req: int, tokens: int, step_s: float) -> None:
+        theta = tokens / step_s
+        e = self._realised.setdefault(int(num_req), [theta, 0])
+        e[0] += REALISED_EMA * (theta - e[0]) if e[1] else 0.0
+        e[1] += 1
+        if self._pending_theta is not None and self._pending_theta > 0:
+            self._real_vs_pred[0] = self._real_vs_pred[0] * REALISED_DECAY + theta
+            self._real_vs_pred[1] = self._real_vs_pred[1] * REALISED_DECAY + self._pending_theta
 
     def _admitted(self, d: Decision, num_req: int, full: int) -> Optional[float]:
         """``d``'s expected tokens/s with its drafts scaled by the admission gain."""
@@ -289,10 +332,13 @@ class BudgetPolicy:
                               factor=self.admission.factor(uniform=d.budget >= full))
 
     def _vote(self, d: Decision, survival: np.ndarray, num_req: int, full: int) -> None:
-        """A local plan's verdict on plain decoding, and what it knew of the drafts."""
+        """A local plan's verdict on plain decoding (priced by what such steps realised),
+        and what it knew of the drafts."""
         self._known_row = survival.mean(axis=0)
+        predicted = self._admitted(d, num_req, full)
+        self._pending_theta = predicted
         if self.gate is not None:
-            self.gate.vote(theta_on=self._admitted(d, num_req, full), theta_off=self.off_throughput(num_req),
+            self.gate.vote(theta_on=self.realised_theta(num_req, predicted), theta_off=self.off_throughput(num_req),
                            best_budget=int(d.budget), num_req=num_req)
 
     # ------------------------------------------------------------------ decide
@@ -412,10 +458,15 @@ class BudgetPolicy:
 
     # ------------------------------------------------------------------ observe
     def observe_step(self, *, survival: Optional[np.ndarray], accepted: Optional[Sequence[int]],
-                     verified: Optional[Sequence[int]], pred_drafts: Optional[float], uniform: bool) -> None:
+                     verified: Optional[Sequence[int]], pred_drafts: Optional[float], uniform: bool,
+                     step_s: Optional[float] = None) -> None:
         """What a finished step realised: ``survival`` the raw lagged survival its decision
         used (:attr:`last_survival` at the time), per request the accepted and verified
-        draft tokens, and ``pred_drafts`` the drafts its local plan expected."""
+        draft tokens, ``pred_drafts`` the drafts its local plan expected (None: not a local
+        plan) and ``step_s`` its measured seconds (a local plan's step also teaches the
+        gate what drafting realises)."""
+        if pred_drafts is not None and accepted is not None and step_s and step_s > 0 and len(accepted):
+            self._observe_realised(len(accepted), len(accepted) + int(sum(accepted)), float(step_s))
         if (survival is not None and accepted is not None and verified is not None
                 and self.calibrator is not None):
             self.calibrator.observe(survival, accepted, verified)

@@ -351,7 +351,8 @@ class OnlinePolicy(Policy):
         verify lengths in the worker, so it does not calibrate), then the step time."""
         survival, pred = self._last if self._last is not None else (None, None)
         self.brain.observe_step(survival=None if uniform else survival, accepted=[int(x) for x in accepted],
-                                verified=[int(x) for x in lengths], pred_drafts=pred, uniform=uniform)
+                                verified=[int(x) for x in lengths], pred_drafts=pred, uniform=uniform,
+                                step_s=t)
         learn_step_time(self.model, self.uniform_s, self.brain, num_req=R, batch_tokens=B, step_s=t,
                         uniform=uniform)
 
