@@ -29,3 +29,13 @@ def engine_kwargs(pair: dict, **over) -> dict:
               max_running_requests=16, random_seed=0)
     kw.update(over)
     return kw
+
+
+# greedy-equality prompts: different lengths and shapes, so requests finish at different steps
+GREEDY_PROMPTS = [
+    "def f(x):",
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "import os\nimport sys\n" * 6,
+    "x",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n",
+]

@@ -3,15 +3,9 @@ non-speculative engine's, token for token, in every ragged mode and dtype."""
 
 import pytest
 
-from dspark_testlib import engine_kwargs, run_engine_job
+from dspark_testlib import GREEDY_PROMPTS, engine_kwargs, run_engine_job
 
-PROMPTS = [
-    "def f(x):",
-    "The quick brown fox jumps over the lazy dog. " * 3,
-    "import os\nimport sys\n" * 6,
-    "x",
-    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n",
-]
+PROMPTS = GREEDY_PROMPTS
 # Different lengths so requests finish at different steps.
 MAX_NEW = [40, 23, 31, 17, 36]
 
