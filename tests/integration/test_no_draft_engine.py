@@ -45,8 +45,9 @@ def _state(res):
     return res["server_info"]["internal_states"][0]["dspark_info_record"]
 
 
-@pytest.mark.parametrize("mode,arms", [("compact", "off,fixed@0.5"), ("compact", "off,policy"),
-                                       ("cap-accept", "off,fixed@1")])
+# compact: the policy arm (its budgets, exploration included, and its own gate) between off
+# steps; cap-accept: every draft verified between off steps
+@pytest.mark.parametrize("mode,arms", [("compact", "off,policy"), ("cap-accept", "off,fixed@1")])
 def test_random_no_draft_steps_keep_greedy_output(mode, arms, tiny_pair, tmp_path_factory):
     base = _job(tiny_pair, tmp_path_factory)
     spec = _job(tiny_pair, tmp_path_factory, spec_env={
