@@ -124,6 +124,7 @@ class DraftGate:
         # counters (observability)
         self.switches = {"off": 0, "on": 0}
         self.steps = {"drafted": 0, "no_draft": 0, "redraft": 0}
+        self.last_kind = "drafted"       # the key of ``steps`` the last :meth:`draft` counted
 
     def draft(self, num_req: int) -> bool:
         """Whether the coming step drafts (False: a no-draft step)."""
@@ -148,8 +149,21 @@ class DraftGate:
         return self._count(False, redraft=False)
 
     def _count(self, drafting: bool, *, redraft: bool) -> bool:
-        self.steps["redraft" if redraft else ("drafted" if drafting else "no_draft")] += 1
+        self.last_kind = "redraft" if redraft else ("drafted" if drafting else "no_draft")
+        self.steps[self.last_kind] += 1
         return drafting
+
+    def recount_as_off(self) -> None:
+        """The step :meth:`draft` let draft runs without drafts after all (the policy's
+        probe of the no-draft time): count it as such."""
+        self.steps[self.last_kind] -= 1
+        self.last_kind = "no_draft"
+        self.steps["no_draft"] += 1
+
+    @property
+    def may_switch(self) -> bool:
+        """The dwell since the last switch is over (a vote may switch now)."""
+        return self.since_switch >= self.config.min_dwell
 
     def vote(self, *, theta_on: Optional[float], theta_off: Optional[float], best_budget: int,
              num_req: int) -> None:
@@ -162,7 +176,7 @@ class DraftGate:
             return
         off_better = off_wins(theta_on, theta_off, best_budget=best_budget, margin=cfg.off_margin)
         self.off_votes = self.off_votes + 1 if off_better else 0
-        if self.off_votes >= cfg.confirm and self.since_switch >= cfg.min_dwell:
+        if self.off_votes >= cfg.confirm and self.may_switch:
             self._switch(True, num_req)
 
     def vote_back(self, theta_on: Optional[float], theta_off: Optional[float], num_req: int) -> None:
@@ -170,8 +184,7 @@ class DraftGate:
         no-draft throughput by ``on_margin``."""
         if not self.off or theta_on is None or theta_off is None:
             return
-        if (float(theta_on) > float(theta_off) * (1.0 + self.config.on_margin)
-                and self.since_switch >= self.config.min_dwell):
+        if float(theta_on) > float(theta_off) * (1.0 + self.config.on_margin) and self.may_switch:
             self._switch(False, num_req)
 
     def _switch(self, off: bool, num_req: int) -> None:

@@ -260,17 +260,15 @@ class BudgetPolicy:
             d = self.latest_decision(self.config.decision_max_age_s) if self.latest_decision else None
             pinned = getattr(getattr(d, "policy", None), "mode", None) == "no_draft"
             gate.pinned, reason = (False, "controller") if pinned else (None, None)
-        redrafts = gate.steps["redraft"]
         drafting = gate.draft(num_req)
         if reason is None:
-            reason = "redraft" if gate.steps["redraft"] != redrafts else "gate"
+            reason = "redraft" if gate.last_kind == "redraft" else "gate"
         if drafting and not gate.off and gate.pinned is None and self.local_model is not None:
             known = self.off_times.get(num_req) is not None
             p = self.config.off_probe_prob if known else self.config.off_probe_prob_unknown
             if p > 0 and getattr(self.local_model, "ready", False) and self._rng.random() < p:
                 self.off_probes += 1
-                gate.steps["drafted"] -= 1
-                gate.steps["no_draft"] += 1
+                gate.recount_as_off()
                 drafting, reason = False, "probe"
         self.last_draft_reason = reason
         return drafting
@@ -287,7 +285,7 @@ class BudgetPolicy:
             return
         self.off_times.observe_off(num_req, step_s)
         gate = self.gate
-        if gate is not None and gate.off and gate.pinned is None:
+        if gate is not None and gate.off and gate.pinned is None and gate.may_switch:
             gate.vote_back(self.known_theta(num_req), self.off_throughput(num_req), num_req)
 
     def known_theta(self, num_req: int) -> Optional[float]:
@@ -301,7 +299,7 @@ class BudgetPolicy:
         survival = np.tile(row, (int(num_req), 1))
         planned = self._argmax(survival, model.sps_function(int(num_req)))
         d = self._uniform_if_better(planned, survival, int(num_req), int(survival.size), admitted=True)
-        return self.realised_theta(int(num_req), self._admitted(d, int(num_req), int(survival.size)))
+        return self.realised_theta(int(num_req), self._admitted(d, planned, int(num_req), int(survival.size)))
 
     def realised_theta(self, num_req: int, predicted: Optional[float]) -> Optional[float]:
         """Drafting's tokens/s at ``num_req`` as the local plans' steps realised it (EMA of at
@@ -324,18 +322,20 @@ class BudgetPolicy:
             self._real_vs_pred[0] = self._real_vs_pred[0] * REALISED_DECAY + theta
             self._real_vs_pred[1] = self._real_vs_pred[1] * REALISED_DECAY + self._pending_theta
 
-    def _admitted(self, d: Decision, num_req: int, full: int) -> Optional[float]:
-        """``d``'s expected tokens/s with its drafts scaled by the admission gain."""
-        if self.admission is None or d.predicted_theta is None:
+    def _admitted(self, d: Decision, planned: Decision, num_req: int, full: int) -> Optional[float]:
+        """``d``'s expected tokens/s with its drafts scaled by the admission gain; ``d`` is
+        ``planned`` after the uniform gate, whose own uniform decision is priced admitted
+        already (:meth:`_uniform_if_better`)."""
+        if self.admission is None or d.predicted_theta is None or d is not planned:
             return d.predicted_theta
         return admitted_theta(d.predicted_theta, d.predicted_step_seconds, num_req=num_req,
                               factor=self.admission.factor(uniform=d.budget >= full))
 
-    def _vote(self, d: Decision, survival: np.ndarray, num_req: int, full: int) -> None:
+    def _vote(self, d: Decision, planned: Decision, survival: np.ndarray, num_req: int, full: int) -> None:
         """A local plan's verdict on plain decoding (priced by what such steps realised),
         and what it knew of the drafts."""
         self._known_row = survival.mean(axis=0)
-        predicted = self._admitted(d, num_req, full)
+        predicted = self._admitted(d, planned, num_req, full)
         self._pending_theta = predicted
         if self.gate is not None:
             self.gate.vote(theta_on=self.realised_theta(num_req, predicted), theta_off=self.off_throughput(num_req),
@@ -380,7 +380,7 @@ class BudgetPolicy:
             return None
         planned = self._argmax(survival, model.sps_function(num_req))
         d = self._uniform_if_better(planned, survival, num_req, full, admitted=True)
-        self._vote(d, survival, num_req, full)
+        self._vote(d, planned, survival, num_req, full)
         if cfg.probe:
             k2 = probe_budget(int(d.budget), full=full, rng=self._rng, prob=cfg.probe_prob, step=cfg.probe_step)
             if k2 is not None:      # a neighbouring budget, so the row's slope is its own
