@@ -49,8 +49,8 @@ class WorkerMetrics:
     def observe(self, rec, *, sources: dict, link_state: Optional[str], switches: Optional[dict] = None) -> None:
         self.drafting.set(1 if rec.drafted else 0)
         if not rec.drafted:
-            self.no_draft_steps.labels(reason=(rec.arm if rec.arm not in (None, "policy") else None)
-                                       and "ab" or rec.draft_reason or "gate").inc()
+            reason = "ab" if rec.arm not in (None, "policy") else (rec.draft_reason or "gate")
+            self.no_draft_steps.labels(reason=reason).inc()
             self.no_draft_seconds.inc(rec.step_time_s)
             if rec.predicted_step_s:
                 self.no_draft_predicted_seconds.inc(rec.predicted_step_s)

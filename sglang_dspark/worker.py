@@ -130,18 +130,16 @@ class DSparkControlledWorker(DSparkWorkerV2):
         self._online = online
         # no-draft steps (sglang_dspark.no_draft): the policy's gate, or an A/B ``off`` arm
         self._null_proposer = None
-        self._no_draft_steps = 0
+        self._anchor_commit = None
         self._no_draft_off_reason = ""
         if self._online_planner is not None and online:
-            from sglang_dspark.no_draft import NullProposer, no_draft_refusal
+            from sglang_dspark.no_draft import AnchorCommit, NullProposer, no_draft_refusal
 
             self._no_draft_off_reason = no_draft_refusal()
             if self._no_draft_off_reason and self._policy.gate is not None:
                 logger.warning("sglang-dspark: no-draft steps are off: %s", self._no_draft_off_reason)
                 self._policy.gate = None
             if not self._no_draft_off_reason:
-                from sglang_dspark.no_draft import AnchorCommit
-
                 self._null_proposer = NullProposer(self._proposer)
                 self._anchor_commit = AnchorCommit(self._verify_executor, self._kv_injector)
             elif ab is not None and any(a.kind == "off" for a in ab.arms):
@@ -218,7 +216,6 @@ class DSparkControlledWorker(DSparkWorkerV2):
         finally:
             self._proposer = proposer
             del executor.commit_hidden
-        self._no_draft_steps += 1
         return result
 
     def _step_budget(self):
@@ -440,8 +437,8 @@ class DSparkControlledWorker(DSparkWorkerV2):
         """No-draft steps: how many ran, the gate's state and switches, and the measured
         no-draft step time next to the drafted plan's at the latest load."""
         pol, last = self._policy, self._stats.last_record
-        commit = getattr(self, "_anchor_commit", None)
-        state = {"steps": self._no_draft_steps, "off_probes": pol.off_probes,
+        commit, null = self._anchor_commit, self._null_proposer
+        state = {"steps": 0 if null is None else null.steps, "off_probes": pol.off_probes,
                  "operator_pin": pol.operator_pin, "last_reason": pol.last_draft_reason,
                  "anchor_only_commits": None if commit is None else commit.steps,
                  "gate": None if pol.gate is None else pol.gate.summary(),
