@@ -10,10 +10,10 @@ STAMP  := $(VENV)/.sglang-dspark-installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml packaging/cpu-boot/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -e ".[test]"
+	$(PY) -m pip install -e ".[test]" ./packaging/cpu-boot
 	touch $(STAMP)
 
 demo: install

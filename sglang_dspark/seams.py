@@ -8,10 +8,13 @@ doing nothing (``HookRegistry.apply_hooks`` only logs failures).
 
 Seams used
 ----------
-Entry points (pyproject.toml):
+Entry points:
+  * ``sglang.srt.plugins: dspark`` -> :func:`sglang_dspark.plugin.load` (this file),
+    distribution ``sglang-dspark`` (pyproject.toml).
   * ``sglang.srt.platforms: dspark_cpu_boot`` -> :func:`sglang_dspark.cpu.boot.activate`
-    (early CPU bootstrap: ``SGLANG_USE_CPU_ENGINE``, ``sgl_kernel`` CPU ops).
-  * ``sglang.srt.plugins: dspark`` -> :func:`sglang_dspark.plugin.load` (this file).
+    (early CPU bootstrap: ``SGLANG_USE_CPU_ENGINE``, ``sgl_kernel`` CPU ops), distribution
+    ``sglang-dspark-cpu-boot`` (packaging/cpu-boot): a platform entry point in our own
+    distribution would let ``SGLANG_PLATFORM`` skip our general plugin.
 
 Registrations:
   * ``attention_registry.register_attention_backend("dspark_cpu")`` + choices:
@@ -195,6 +198,19 @@ def all_seams() -> list[Seam]:
         Seam("sglang.srt.environ.Envs.SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH", "requires",
              "no-draft steps are off while SGLang's draft recorders run (no_draft.no_draft_refusal, "
              "also SGLANG_DSPARK_STS_COLLECT_PATH)", cpu_only=False),
+    ]
+    # plugin discovery: the CPU bootstrap's own distribution (plugin.skip_reason, cpu/boot.py)
+    seams += [
+        Seam("sglang.srt.plugins._get_excluded_dists", "requires",
+             "rule: SGLANG_PLATFORM skips every distribution that ships an unselected platform "
+             "entry point, so sglang-dspark ships none (plugin.skip_reason states the rule)",
+             cpu_only=False),
+        Seam("sglang.srt.plugins.load_plugins_by_group", "requires",
+             "rule: SGLANG_PLUGINS is a whitelist of entry-point names (plugin.skip_reason)",
+             cpu_only=False),
+        Seam("sglang.srt.platforms.cpu.CpuSRTPlatform", "requires",
+             "the platform class cpu.boot.activate returns when SGLANG_PLATFORM names "
+             "dspark_cpu_boot (SGLang then requires one)", cpu_only=True),
     ]
     # the draft validator reads the draft the way SGLang does (checkpoint.py)
     _dspark_cfg = "sglang.srt.speculative.dspark_components.dspark_config"

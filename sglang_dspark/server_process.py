@@ -77,6 +77,12 @@ class SGLangServer:
         if self.log_path is None:
             self.log_path = Path(tempfile.mkstemp(prefix="sglang-server-", suffix=".log")[1])
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
+        if self.draft_path:
+            from sglang_dspark.plugin import skip_reason
+
+            reason = skip_reason(env)   # SGLang would run its own DSPARK worker, not ours
+            if reason:
+                raise ServerStartError(reason)
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
                                      env=env, start_new_session=True)

@@ -1,5 +1,9 @@
 """Early CPU bootstrap, run through SGLang's platform-plugin seam.
 
+The entry point is shipped by its own distribution (``packaging/cpu-boot``), never by
+``sglang-dspark``: SGLang skips every plugin of a distribution that ships an unselected
+platform entry point, which would take our general plugin down with it.
+
 SGLang resolves its platform (entry-point group ``sglang.srt.platforms``) in every
 process before any module does ``from sgl_kernel import ..._cpu``.  When the
 process is meant to run on CPU, :func:`activate` makes SGLang's CPU engine usable
@@ -42,12 +46,29 @@ def cpu_intended(argv: list[str] | None = None) -> bool:
     return False
 
 
+ENTRY_POINT = "dspark_cpu_boot"   # our name in sglang.srt.platforms (packaging/cpu-boot)
+CPU_PLATFORM = "sglang.srt.platforms.cpu.CpuSRTPlatform"
+
+
 def activate():
-    """Platform-plugin entry point. Always returns None (SGLang picks the platform)."""
-    if cpu_intended():
-        os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
-        install_sgl_kernel_cpu_ops()
-    return None
+    """Platform-plugin entry point (distribution sglang-dspark-cpu-boot).
+
+    Returns None, so SGLang picks the platform itself (its CPU fallback under
+    ``SGLANG_USE_CPU_ENGINE=1``), except when ``SGLANG_PLATFORM`` names this entry point:
+    then SGLang requires a platform class, and on a CPU run that is SGLang's own
+    ``CpuSRTPlatform``.  Logs a warning when SGLang is going to skip our general plugin
+    (:func:`sglang_dspark.plugin.skip_reason`).
+    """
+    from sglang_dspark.plugin import skip_reason
+
+    reason = skip_reason()
+    if reason:
+        logger.warning("sglang-dspark: %s", reason)
+    if not cpu_intended():
+        return None
+    os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
+    install_sgl_kernel_cpu_ops()
+    return CPU_PLATFORM if os.environ.get("SGLANG_PLATFORM") == ENTRY_POINT else None
 
 
 def _real_sgl_kernel_has_cpu_ops() -> types.ModuleType | None:

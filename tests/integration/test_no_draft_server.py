@@ -64,15 +64,5 @@ def test_operator_pins_drafting_off_and_on_and_lifts_it(pair, monkeypatch):
     assert "sglang_dspark:drafting" in metrics
 
 
-def test_operator_pin_is_refused_where_no_draft_steps_cannot_run(pair, monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    srv = SGLangServer(model_path=pair["target"], draft_path=pair["draft"],
-                       env={"SGLANG_RAGGED_VERIFY_MODE": "compact", "SGLANG_DSPARK_NO_DRAFT": "0",
-                            "SGLANG_DSPARK_LOG_INTERVAL_S": "0"},
-                       extra_args=["--max-running-requests", "4"])
-    with srv:
-        assert not srv.set_internal_state({"dspark_draft": 0})
-        st = _nd(srv)
-        assert st["gate"] is None and st["steps"] == 0
-        log = srv.log_path.read_text()
-    assert "SGLANG_DSPARK_NO_DRAFT=0" in log
+# The refusal where no-draft steps cannot run (online planning off) is checked on the
+# server of tests/integration/test_settings_server.py, which runs that configuration anyway.

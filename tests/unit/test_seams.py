@@ -15,13 +15,36 @@ def test_moved_symbol_fails_loudly_naming_versions():
         seams.verify_targets([bad])
 
 
-def test_entry_points_are_registered():
+def test_entry_points_are_registered_by_two_distributions():
     from importlib.metadata import entry_points
 
-    plugins = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
-    platforms = {ep.name: ep.value for ep in entry_points(group="sglang.srt.platforms")}
-    assert plugins.get("dspark") == "sglang_dspark.plugin:load"
-    assert platforms.get("dspark_cpu_boot") == "sglang_dspark.cpu.boot:activate"
+    plugins = {ep.name: ep for ep in entry_points(group="sglang.srt.plugins")}
+    platforms = {ep.name: ep for ep in entry_points(group="sglang.srt.platforms")}
+    assert plugins["dspark"].value == "sglang_dspark.plugin:load"
+    assert plugins["dspark"].dist.name == "sglang-dspark"
+    assert platforms["dspark_cpu_boot"].value == "sglang_dspark.cpu.boot:activate"
+    assert platforms["dspark_cpu_boot"].dist.name == "sglang-dspark-cpu-boot"
+    # SGLANG_PLATFORM skips every plugin of a distribution that ships a platform entry point
+    # (srt/plugins _get_excluded_dists): ours must ship none
+    assert not [ep.name for ep in platforms.values() if ep.dist and ep.dist.name == "sglang-dspark"]
+
+
+def test_skip_reason_follows_sglangs_plugin_filters():
+    from sglang.srt import plugins as sgl_plugins
+    from sglang_dspark.plugin import skip_reason
+
+    assert skip_reason({}) is None
+    assert skip_reason({"SGLANG_PLUGINS": " dspark , other"}) is None
+    msg = skip_reason({"SGLANG_PLUGINS": "other"})
+    assert "SGLANG_PLUGINS='other' does not list 'dspark'" in msg and "add 'dspark'" in msg
+    # any platform selected: our distribution is not among SGLang's excluded ones
+    assert skip_reason({"SGLANG_PLATFORM": "some_vendor"}) is None
+    import os
+    from unittest import mock
+
+    with mock.patch.dict(os.environ, {"SGLANG_PLATFORM": "some_vendor"}):
+        excluded = sgl_plugins._get_excluded_dists()
+    assert "sglang-dspark-cpu-boot" in excluded and "sglang-dspark" not in excluded
 
 
 def test_cpu_intent_detection(monkeypatch):
@@ -33,6 +56,29 @@ def test_cpu_intent_detection(monkeypatch):
     assert not boot.cpu_intended(["x", "--device", "cuda"])
     monkeypatch.setenv("SGLANG_DSPARK_CPU", "0")
     assert not boot.cpu_intended(["x", "--device", "cpu"])
+
+
+def test_cpu_boot_returns_sglangs_cpu_platform_only_when_selected_by_name(monkeypatch, caplog):
+    from sglang_dspark.cpu import boot
+
+    installed = []
+    monkeypatch.setattr(boot, "install_sgl_kernel_cpu_ops", lambda: installed.append(1))
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    monkeypatch.delenv("SGLANG_PLATFORM", raising=False)
+    monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
+    assert boot.activate() is None          # auto-discovery: SGLang's own CPU fallback
+    monkeypatch.setenv("SGLANG_PLATFORM", "dspark_cpu_boot")
+    assert boot.activate() == boot.CPU_PLATFORM
+    assert len(installed) == 2
+    import pkgutil
+
+    from sglang.srt.platforms.interface import SRTPlatform
+
+    assert issubclass(pkgutil.resolve_name(boot.CPU_PLATFORM), SRTPlatform)
+    monkeypatch.setenv("SGLANG_PLUGINS", "dspark_cpu_boot")     # our general plugin left out
+    with caplog.at_level("WARNING", logger=boot.logger.name):
+        boot.activate()
+    assert "does not list 'dspark'" in caplog.text
 
 
 def test_plugin_state_is_json_safe():
