@@ -66,8 +66,9 @@ def test_controller_link_fallback_reconnect_and_shared_profile(tiny_pair, tmp_pa
                             env=dict(env, SGLANG_DSPARK_ENGINE_ID=f"srv{i}"),
                             extra_args=["--max-running-requests", "8"]) for i in range(2)]
     try:
-        for s in servers:
-            s.start()
+        # both start at once: a server that is up polls a core while the other starts
+        with ThreadPoolExecutor(2) as ex:
+            list(ex.map(lambda s: s.start(), servers))
         for s in servers:
             assert all(n == 40 for n in _load(s, 8))
         # both engines registered, one shared profile learned from both (more traffic while
@@ -90,6 +91,9 @@ def test_controller_link_fallback_reconnect_and_shared_profile(tiny_pair, tmp_pa
         _wait(lambda: _plugin(servers[0])["budget_sources"].get("controller", 0) > 0 or
               (_load(servers[0], 4) and False), timeout=90, what="controller decisions applied")
 
+        # the second server idles until the restart: an idle SGLang scheduler polls and
+        # would take one of this machine's two cores from the first
+        os.killpg(servers[1].proc.pid, signal.SIGSTOP)
         # kill the controller while requests are in flight: nothing fails
         with ThreadPoolExecutor(1) as ex:
             fut = ex.submit(_load, servers[0], 16)
@@ -97,14 +101,17 @@ def test_controller_link_fallback_reconnect_and_shared_profile(tiny_pair, tmp_pa
             ctrl.send_signal(signal.SIGKILL)
             ctrl.wait(timeout=30)
             assert all(n == 40 for n in fut.result(timeout=600))
+        # once the link is lost (later than the last decision's max age) the local
+        # policy decides: the fallback
+        _wait(lambda: _plugin(servers[0])["controller"]["link_state"] == "lost",
+              timeout=30, what="link marked lost")
         before = _plugin(servers[0])["budget_sources"].get("local", 0)
         assert all(n == 40 for n in _load(servers[0], 8))
         p = _plugin(servers[0])
         assert p["budget_sources"].get("local", 0) > before, p  # fallback engaged
-        _wait(lambda: _plugin(servers[0])["controller"]["link_state"] == "lost",
-              timeout=30, what="link marked lost")
 
         # controller comes back on the same address: workers re-register
+        os.killpg(servers[1].proc.pid, signal.SIGCONT)
         ctrl = _start_controller(addr, tmp_path)
         _wait(lambda: len(_status(cli)["engines"]) == 2, timeout=60, what="re-registration")
         c0 = _plugin(servers[0])["budget_sources"].get("controller", 0)
@@ -114,6 +121,8 @@ def test_controller_link_fallback_reconnect_and_shared_profile(tiny_pair, tmp_pa
         assert _plugin(servers[0])["controller"]["link_state"] == "connected"
     finally:
         for s in servers:
+            if s.proc is not None and s.proc.poll() is None:
+                os.killpg(s.proc.pid, signal.SIGCONT)
             s.stop()
         if ctrl.poll() is None:
             ctrl.terminate()
