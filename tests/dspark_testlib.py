@@ -39,3 +39,34 @@ GREEDY_PROMPTS = [
     "x",
     "class Point:\n    def __init__(self, x, y):\n        self.x = x\n",
 ]
+
+
+# Every prompt a test compares with the target alone (no speculation).  Their greedy
+# outputs come from one engine run per (target, dtype) in the whole test session
+# (nospec_ids): each engine start costs tens of seconds on a 2-core CI machine.
+BASELINE_PROMPTS = GREEDY_PROMPTS + [
+    "for i in range(10):\n",
+    "import os\nimport sys\n" * 4,
+    "class Point:\n    def __init__(self):\n",
+    "def g(y):",
+]
+BASELINE_NEW = 48
+_BASELINES: dict = {}
+
+
+def nospec_ids(pair: dict, prompts: list, max_new: list, tmp_path_factory, dtype: str = "float32") -> list:
+    """The target's own greedy output ids for each prompt, ``max_new[i]`` tokens at most.
+
+    A greedy continuation of n tokens is the first n of a longer one, so one run of
+    :data:`BASELINE_PROMPTS` with :data:`BASELINE_NEW` tokens serves every caller."""
+    missing = [p for p in prompts if p not in BASELINE_PROMPTS]
+    assert not missing, f"add {missing!r} to dspark_testlib.BASELINE_PROMPTS"
+    assert max(max_new) <= BASELINE_NEW, f"raise dspark_testlib.BASELINE_NEW to {max(max_new)}"
+    key = (pair["target"], dtype)
+    if key not in _BASELINES:
+        job = {"engine": engine_kwargs(pair, dtype=dtype),
+               "batches": [{"prompts": BASELINE_PROMPTS,
+                            "sampling": {"temperature": 0.0, "max_new_tokens": BASELINE_NEW}}]}
+        res = run_engine_job(job, tmp_path_factory.mktemp("nospec"))
+        _BASELINES[key] = {p: o["output_ids"] for p, o in zip(BASELINE_PROMPTS, res["results"][0])}
+    return [_BASELINES[key][p][:n] for p, n in zip(prompts, max_new)]

@@ -275,8 +275,8 @@ def test_profile_follows_a_30_percent_drift_reported_by_many_workers(controllers
         run_threads([lambda i=i: one(i) for i in range(4)])
 
     phase(500, 1.0, 10)                      # 2000 steps in the shared profile
-    phase(125, 1.3, 20)                      # then 500 steps 30% slower
-    want = 2500
+    phase(200, 1.3, 20)                      # then 800 steps 30% slower (500 left the fit
+    want = 2800                              # 4.9% short of the drift on one run in ~10)
 
     def fresh():
         u = ws[0].latest_profile()

@@ -98,18 +98,8 @@ def test_evaluate_mismatched_pair_exits_2_before_any_engine(tmp_path, fake_pair)
         assert "hidden_size mismatch: draft 128 vs target 256" in r.stderr, r.stderr[-2000:]
         assert "--draft" in r.stderr and "Traceback" not in r.stderr
         assert not (tmp_path / "o" / "capture.jsonl").exists()
-    # a draft with a tensor missing: the same exit, naming the tensor
-    broken = tmp_path / "broken-draft"
-    broken.mkdir()
-    (broken / "config.json").write_text((d / "config.json").read_text())
-    from safetensors.torch import load_file, save_file
-
-    tensors = load_file(str(d / "model.safetensors"))
-    tensors.pop("norm.weight")
-    save_file(tensors, str(broken / "model.safetensors"))
-    r = _cli("sglang_dspark.evaluate", "--target", t, "--draft", broken, "--prompts", f,
-             "--out", tmp_path / "o", tmp_path=tmp_path)
-    assert r.returncode == 2 and "missing tensors ['norm.weight']" in r.stderr, r.stderr[-2000:]
+    # (a draft with a tensor missing takes the same exit: the validator's refusal, checked
+    # through the launch command in tests/integration/test_http_server.py)
 
 
 def test_calibrate_input_errors(tmp_path, fake_pair):

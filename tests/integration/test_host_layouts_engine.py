@@ -12,7 +12,7 @@ in ``tests/unit/test_worker_sglang_contract.py``.
 
 import pytest
 
-from dspark_testlib import engine_kwargs, run_engine_job
+from dspark_testlib import engine_kwargs, nospec_ids, run_engine_job
 
 PROMPTS = ["def f(x):", "import os\nimport sys\n" * 4, "class Point:\n    def __init__(self):\n"]
 MAX_NEW = [30, 22, 26]
@@ -33,12 +33,13 @@ def _ids(res):
 
 
 def test_decided_lengths_are_host_lengths_and_output_is_unchanged(tiny_pair, tmp_path_factory):
-    base = run_engine_job(_job(tiny_pair, spec=False), tmp_path_factory.mktemp("job"))
+    base = [nospec_ids(tiny_pair, PROMPTS, MAX_NEW, tmp_path_factory),
+            nospec_ids(tiny_pair, ["def g(y):"], [48], tmp_path_factory)]
     spec = run_engine_job(_job(tiny_pair, spec=True, env={
         "SGLANG_RAGGED_VERIFY_MODE": "compact", "SGLANG_DSPARK_EXPLORE_PROB": "1",
         # full budgets take the ragged path (SGLang's uniform layout), as on a GPU by default
         "SGLANG_DSPARK_FULL_BUDGET_STATIC": "0"}), tmp_path_factory.mktemp("job"))
-    assert _ids(spec) == _ids(base)
+    assert _ids(spec) == base
     plugin = spec["server_info"]["internal_states"][0]["dspark_info_record"]["sglang_dspark"]
     assert plugin["full_budget_static_steps"] is None
     hl = plugin["host_layouts"]

@@ -2,7 +2,6 @@
 --speculative-algorithm DSPARK --speculative-draft-model-path D --device cpu --port P
 (no environment variables), served over HTTP."""
 
-import json
 import os
 import subprocess
 import sys
@@ -10,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from sglang_dspark.server_process import SGLangServer, ServerStartError, http_json
+from sglang_dspark.server_process import SGLangServer, http_json
 
 
 def _clean_env():
@@ -98,16 +97,6 @@ def _broken(tmp_path, tiny_pair, edit):
     return d
 
 
-def _set_cfg(key, value):
-    def edit(d):
-        cfg = json.loads((d / "config.json").read_text())
-        cfg[key] = value
-        if key in cfg.get("dflash_config", {}):
-            cfg["dflash_config"][key] = value
-        (d / "config.json").write_text(json.dumps(cfg))
-    return edit
-
-
 def _drop_tensor(d):
     from safetensors.torch import load_file, save_file
 
@@ -116,11 +105,11 @@ def _drop_tensor(d):
     save_file(w, str(d / "model.safetensors"))
 
 
-@pytest.mark.parametrize("edit,message", [
-    (_drop_tensor, "missing tensors"),
-    (_set_cfg("vocab_size", 777), "vocabulary mismatch"),
-    (_set_cfg("target_layer_ids", [1, 3]), "bad target_layer_ids"),
-])
+# one broken draft through the real launch command; the validator's other refusals
+# (vocabulary mismatch, bad target_layer_ids, ...) are unit-tested on SGLang's own config
+# parsers (tests/unit/test_tiny_models_and_checkpoint.py, test_checkpoint_layouts.py):
+# each launch here costs an SGLang start-up
+@pytest.mark.parametrize("edit,message", [(_drop_tensor, "missing tensors")])
 def test_broken_draft_exits_nonzero_with_message(edit, message, tmp_path, tiny_pair):
     d = _broken(tmp_path, tiny_pair, edit)
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", tiny_pair["target"],

@@ -10,8 +10,6 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
-
 from sglang_dspark.server_process import SGLangServer, free_port, http_json
 
 
