@@ -47,11 +47,18 @@ class StepRecord:
 
 
 class StepClock:
+    """A decode step's time: host clock on CPU, device events on CUDA.  On the host clock
+    it also measures :attr:`gap_s`, the time from the previous step's stop to this step's
+    start (the scheduler's work between steps; None on CUDA, where that work overlaps
+    the device's, and before a first step)."""
+
     def __init__(self, device) -> None:
         self.cuda = torch.device(device).type == "cuda"
         self._pending: deque = deque()
         self._t0 = 0.0
         self._events = None
+        self._last_stop: Optional[float] = None
+        self.gap_s: Optional[float] = None
 
     def start(self) -> None:
         if self.cuda:
@@ -60,11 +67,13 @@ class StepClock:
             self._events = (s, e)
         else:
             self._t0 = time.perf_counter()
+            self.gap_s = None if self._last_stop is None else self._t0 - self._last_stop
 
     def stop(self, record: StepRecord) -> list[StepRecord]:
         """Finish timing ``record``; return every record whose time is now known."""
         if not self.cuda:
-            record.step_time_s = time.perf_counter() - self._t0
+            self._last_stop = time.perf_counter()
+            record.step_time_s = self._last_stop - self._t0
             return [record]
         s, e = self._events
         e.record()

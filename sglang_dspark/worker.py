@@ -62,6 +62,7 @@ class DSparkControlledWorker(DSparkWorkerV2):
         self._log_interval = settings.log_interval_s
         self._learn_forced = settings.learn_forced
         self._clock = StepClock(self.device)
+        self._gap_prev = None   # (R, drafted, step seconds) of the last timed decode step
         self._stats = StepStats()
         self._noise = NoiseWatch()
         online = settings.online
@@ -180,6 +181,7 @@ class DSparkControlledWorker(DSparkWorkerV2):
         drafting = (planner is None or self._null_proposer is None
                     or planner.step_draft(len(batch.reqs)))
         self._clock.start()
+        self._feed_gap()
         try:
             if drafting:
                 result = super()._forward_decode(batch, on_publish, grammar_barrier,
@@ -217,6 +219,16 @@ class DSparkControlledWorker(DSparkWorkerV2):
             self._proposer = proposer
             del executor.commit_hidden
         return result
+
+    GAP_MAX_STEPS = 4.0   # a longer gap held a prefill or an idle spell, not per-step work
+
+    def _feed_gap(self) -> None:
+        """The scheduler's time between the previous decode step and this one (host-timed
+        engines only), priced by the policy per step kind and R (StepGaps)."""
+        gap, prev = self._clock.gap_s, self._gap_prev
+        self._gap_prev = None
+        if gap is not None and prev is not None and gap <= self.GAP_MAX_STEPS * prev[2]:
+            self._policy.observe_gap(prev[0], prev[1], gap)
 
     def _step_budget(self):
         """The budget this step ran with: the planner's latest decision, if it made one
@@ -294,6 +306,7 @@ class DSparkControlledWorker(DSparkWorkerV2):
         for observe in self._observers_list:
             observe(rec)
         rec.survival = None
+        self._gap_prev = (rec.num_requests, rec.drafted, rec.step_time_s)
 
     def _step_observers(self) -> list:
         """The per-step observers, in order; the optional ones are present only when on."""
@@ -447,10 +460,14 @@ class DSparkControlledWorker(DSparkWorkerV2):
             r = int(last.num_requests)
             t = pol.off_times.get(r)
             theta_on = pol.known_theta(r)
+            theta_off = pol.off_throughput(r)
+            # tokens/s per period: a step plus the scheduler's gap after it (what the gate compares)
             state["at_last_load"] = {"num_requests": r,
                                      "no_draft_step_ms": None if t is None else round(1e3 * t, 3),
-                                     "no_draft_tok_s": None if t is None else round(r / t, 2),
-                                     "drafting_tok_s": None if theta_on is None else round(theta_on, 2)}
+                                     "no_draft_tok_s": None if theta_off is None else round(theta_off, 2),
+                                     "drafting_tok_s": None if theta_on is None else round(theta_on, 2),
+                                     "gap_ms": {"drafted": round(1e3 * pol.step_gaps.get(r, drafted=True), 3),
+                                                "no_draft": round(1e3 * pol.step_gaps.get(r, drafted=False), 3)}}
         return state
 
     def _curve_at_last_load(self) -> Optional[dict]:

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from dspark_controller.core.no_draft import DraftGate, GateConfig, OffTimes, off_wins
+from dspark_controller.core.no_draft import DraftGate, GateConfig, OffTimes, StepGaps, off_wins, per_period
 from dspark_controller.core.policy import BudgetPolicy, PolicyConfig
 from dspark_controller.core.sps_model import SpsModel, SpsModelConfig
 
@@ -156,3 +156,49 @@ def test_gate_prices_drafting_by_what_drafted_steps_realised_not_by_the_profiles
                 pol.observe_off_step(16, off_s)
         outcomes[realised] = pol.gate.off
     assert outcomes == {False: False, True: True}, outcomes
+
+
+def test_step_gaps_keep_a_robust_median_per_kind_and_r_with_nearest_fallbacks():
+    g = StepGaps(window=5)
+    assert g.get(4, drafted=True) == 0.0                   # nothing measured: no gap
+    for x in (0.002, 0.002, 0.003, 0.5, 0.002):             # one gap held a prefill
+        g.observe(4, True, x)
+    assert g.get(4, drafted=True) == pytest.approx(0.002)
+    assert g.get(9, drafted=True) == pytest.approx(0.002)    # nearest R of the same kind
+    assert g.get(4, drafted=False) == pytest.approx(0.002)   # the other kind before nothing
+    g.observe(8, False, 0.001)
+    assert g.get(9, drafted=False) == pytest.approx(0.001)
+    g.observe(4, True, float("nan"))
+    g.observe(4, True, -1.0)
+    assert g.get(4, drafted=True) == pytest.approx(0.002)
+    with pytest.raises(ValueError, match="window must be >= 1"):
+        StepGaps(window=0)
+    assert per_period(100.0, 0.01, 0.01) == pytest.approx(50.0)
+    assert per_period(None, 0.01, 0.01) is None and per_period(100.0, None, 0.01) == 100.0
+
+
+def test_gate_prices_per_period_so_the_schedulers_gap_between_steps_counts():
+    # in-step, a no-draft step (1 token in 4 ms) beats a drafted one (4 tokens in 20 ms);
+    # with the scheduler's 10 ms between any two steps, drafting yields 2x more per period
+    m = _model()
+    cfg = PolicyConfig(explore=False, probe=False, calibration=False, admission=False, uniform_gate=False)
+    survival = np.cumprod(np.full((1, 4), 0.9), axis=1)
+    on_s = lambda b: 0.015 + 0.001 * b       # noqa: E731
+    off_s, gap = 0.004, 0.010
+    outcomes = {}
+    for with_gaps in (False, True):
+        pol = BudgetPolicy(local_model=m, config=cfg)
+        for _ in range(400):
+            drafted = pol.draft_step(1)
+            if drafted:
+                d = pol.decide(survival, max_len=4)
+                accepted = [min(3, d.budget)]
+                pol.observe_step(survival=None, accepted=accepted, verified=accepted,
+                                 pred_drafts=pol.last_pred_drafts, uniform=False, step_s=on_s(1 + d.budget))
+            else:
+                pol.observe_off_step(1, off_s)
+            if with_gaps:
+                pol.observe_gap(1, drafted, gap)
+        assert pol.off_probes > 0
+        outcomes[with_gaps] = pol.gate.off
+    assert outcomes == {False: True, True: False}, outcomes

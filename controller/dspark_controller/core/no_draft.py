@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 from dspark_controller.core.strategies import UniformTimes
 
-__all__ = ["GateConfig", "DraftGate", "OffTimes", "off_wins"]
+__all__ = ["GateConfig", "DraftGate", "OffTimes", "StepGaps", "off_wins", "per_period"]
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,59 @@ class OffTimes(UniformTimes):
         near = min(ratios)[1]
         pred = self._pred(r, r)
         return None if pred is None else self.base[near][0] * pred
+
+
+class StepGaps:
+    """The host time between a decode step's end and the next step's start, per kind of
+    step (drafted or not) and R: the scheduler's own per-step work (result processing,
+    batch preparation), which a step's measured time leaves out.
+
+    The options are priced per *period* (step plus gap): the gap is paid once per step
+    whatever the step yields, so it favours the option with more tokens per step.  Each
+    ``(kind, R)`` keeps the median of its last ``window`` gaps (robust to the prefill a
+    gap sometimes contains); an unseen ``R`` reads the nearest one of its kind, then of
+    the other kind.  Engines whose step times come from device events (GPU, where the
+    host work overlaps the device's) feed none, and every gap reads 0."""
+
+    def __init__(self, window: int = 31) -> None:
+        if int(window) < 1:
+            raise ValueError(f"StepGaps window must be >= 1, got {window!r}")
+        self.window = int(window)
+        self._gaps: dict[tuple[bool, int], list] = {}
+        self._median: dict[tuple[bool, int], float] = {}
+
+    def observe(self, num_req: int, drafted: bool, gap_s: float) -> None:
+        if not (gap_s >= 0.0 and math.isfinite(gap_s)) or int(num_req) <= 0:
+            return
+        key = (bool(drafted), int(num_req))
+        g = self._gaps.setdefault(key, [])
+        g.append(float(gap_s))
+        if len(g) > self.window:
+            del g[0]
+        self._median[key] = float(sorted(g)[len(g) // 2])
+
+    def get(self, num_req: int, drafted: bool) -> float:
+        """Seconds of host work per step at ``num_req`` (0.0: none measured)."""
+        r = int(num_req)
+        for kind in (bool(drafted), not drafted):
+            m = self._median.get((kind, r))
+            if m is not None:
+                return m
+            near = [(abs(k - r), k) for (d, k) in self._median if d == kind]
+            if near:
+                return self._median[(kind, min(near)[1])]
+        return 0.0
+
+    def summary(self) -> dict:
+        return {("drafted" if d else "no_draft") + f"@{r}": round(1000 * v, 3)
+                for (d, r), v in sorted(self._median.items())}
+
+
+def per_period(theta: Optional[float], step_s: Optional[float], gap_s: float) -> Optional[float]:
+    """Tokens/s ``theta`` of steps of ``step_s`` seconds, spread over step plus ``gap_s``."""
+    if theta is None or not gap_s > 0 or step_s is None or not step_s > 0:
+        return theta
+    return float(theta) * float(step_s) / (float(step_s) + float(gap_s))
 
 
 class DraftGate:

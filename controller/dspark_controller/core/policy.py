@@ -56,7 +56,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from dspark_controller.core.no_draft import DraftGate, GateConfig, OffTimes, off_wins
+from dspark_controller.core.no_draft import DraftGate, GateConfig, OffTimes, StepGaps, per_period
 from dspark_controller.core.method import (clean_survival, clip01, compute_lagged_budget, lagged_budget_fast, survival_to_confidences)
 from dspark_controller.core.strategies import (PROBE_PROB, PROBE_STEP, AdmissionGain, _operator_pinned, admitted_theta, budget_from_controller, controller_allows_uniform, explore_budget, explore_now, local_theta, prefer_uniform, probe_budget, uniform_throughput)
 
@@ -239,7 +239,8 @@ class BudgetPolicy:
         self.operator_pin: Optional[bool] = None   # True: always draft, False: never (None: the policy)
         # what the local plans' drafted steps realised: tokens/s per R (EMA) and, over all R,
         # realised vs predicted (forgotten sums), so the gate prices drafting by outcomes
-        self._realised: dict[int, list] = {}
+        self._realised: dict[int, list] = {}     # R -> [tokens EMA, seconds EMA, steps]
+        self.step_gaps = StepGaps()      # the scheduler's host time per step (period pricing)
         self._real_vs_pred = [0.0, 0.0]
         self._pending_theta: Optional[float] = None
         self.last_draft_reason = "none"
@@ -274,9 +275,17 @@ class BudgetPolicy:
         return drafting
 
     def off_throughput(self, num_req: int) -> Optional[float]:
-        """Expected tokens/s of a no-draft step at ``num_req`` (None: never measured)."""
+        """Expected tokens/s of no-draft steps at ``num_req``, per period (step plus the
+        scheduler's gap, :class:`StepGaps`; None: never measured)."""
         t = self.off_times.get(num_req)
-        return None if t is None or not t > 0 else float(num_req) / float(t)
+        if t is None or not t > 0:
+            return None
+        return float(num_req) / (float(t) + self.step_gaps.get(num_req, drafted=False))
+
+    def observe_gap(self, num_req: int, drafted: bool, gap_s: float) -> None:
+        """The host time between a decode step of ``num_req`` requests (``drafted`` or
+        not) and the next step's start (engines with host-timed steps only)."""
+        self.step_gaps.observe(num_req, drafted, gap_s)
 
     def observe_off_step(self, num_req: int, step_s: float) -> None:
         """A no-draft step's measured seconds: its time per R, then the gate's check
@@ -299,25 +308,31 @@ class BudgetPolicy:
         survival = np.tile(row, (int(num_req), 1))
         planned = self._argmax(survival, model.sps_function(int(num_req)))
         d = self._uniform_if_better(planned, survival, int(num_req), int(survival.size), admitted=True)
-        return self.realised_theta(int(num_req), self._admitted(d, planned, int(num_req), int(survival.size)))
+        return self.realised_theta(int(num_req), self._admitted(d, planned, int(num_req), int(survival.size)),
+                                   d.predicted_step_seconds)
 
-    def realised_theta(self, num_req: int, predicted: Optional[float]) -> Optional[float]:
-        """Drafting's tokens/s at ``num_req`` as the local plans' steps realised it (EMA of at
-        least ``REALISED_MIN`` steps at this R), else ``predicted`` scaled by realised over
-        predicted across all R."""
+    def realised_theta(self, num_req: int, predicted: Optional[float],
+                       predicted_step_s: Optional[float] = None) -> Optional[float]:
+        """Drafting's tokens/s at ``num_req`` per period (step plus the scheduler's gap):
+        as the local plans' steps realised it (EMAs of their tokens and seconds, at least
+        ``REALISED_MIN`` steps at this R), else ``predicted`` (a step of
+        ``predicted_step_s``) scaled by realised over predicted across all R."""
+        gap = self.step_gaps.get(num_req, drafted=True)
         e = self._realised.get(int(num_req))
-        if e is not None and e[1] >= REALISED_MIN:
-            return e[0]
+        if e is not None and e[2] >= REALISED_MIN:
+            return per_period(e[0] / e[1], e[1], gap)
         real, pred = self._real_vs_pred
         if predicted is None or pred <= 0:
-            return predicted
-        return float(predicted) * real / pred
+            return per_period(predicted, predicted_step_s, gap)
+        return per_period(float(predicted) * real / pred, predicted_step_s, gap)
 
     def _observe_realised(self, num_req: int, tokens: int, step_s: float) -> None:
         theta = tokens / step_s
-        e = self._realised.setdefault(int(num_req), [theta, 0])
-        e[0] += REALISED_EMA * (theta - e[0]) if e[1] else 0.0
-        e[1] += 1
+        e = self._realised.setdefault(int(num_req), [float(tokens), float(step_s), 0])
+        if e[2]:
+            e[0] += REALISED_EMA * (tokens - e[0])
+            e[1] += REALISED_EMA * (step_s - e[1])
+        e[2] += 1
         if self._pending_theta is not None and self._pending_theta > 0:
             self._real_vs_pred[0] = self._real_vs_pred[0] * REALISED_DECAY + theta
             self._real_vs_pred[1] = self._real_vs_pred[1] * REALISED_DECAY + self._pending_theta
@@ -338,7 +353,8 @@ class BudgetPolicy:
         predicted = self._admitted(d, planned, num_req, full)
         self._pending_theta = predicted
         if self.gate is not None:
-            self.gate.vote(theta_on=self.realised_theta(num_req, predicted), theta_off=self.off_throughput(num_req),
+            self.gate.vote(theta_on=self.realised_theta(num_req, predicted, d.predicted_step_seconds),
+                           theta_off=self.off_throughput(num_req),
                            best_budget=int(d.budget), num_req=num_req)
 
     # ------------------------------------------------------------------ decide
