@@ -84,7 +84,7 @@ def test_forward_decode_forwards_every_argument(monkeypatch):
     assert w._forward_decode(batch, "pub", "barrier", coordination_plan=plan) == "result"
     assert w._forward_decode(batch, "pub") == "result"
     seen = []
-    w.__dict__.update(_dspark_ready=True, _clock=SimpleNamespace(start=lambda: None),
+    w.__dict__.update(_dspark_ready=True, _clock=SimpleNamespace(start=lambda: None, gap_s=None), _gap_prev=None,
                       _telemetry_time_s=0.0, _telemetry_calls=0, _online_planner=None,
                       _null_proposer=None,
                       _after_step=lambda b, r, drafted: seen.append((b, r, drafted)))
