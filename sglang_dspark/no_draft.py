@@ -7,9 +7,12 @@ step, and a verify budget of 0:
 
 * no draft forward runs: the proposal is the anchor (the last committed token) and
   placeholder draft tokens that no verify window reaches;
-* the target verifies only the anchor of each request (compact mode: a ragged layout of
-  one token per request; cap-accept mode verifies its fixed window with acceptance capped
-  at 0), samples the next token from the target's own distribution, and commits it;
+* the target verifies only the anchor of each request, samples the next token from the
+  target's own distribution, and commits it.  Compact mode: one token per request, run
+  as SGLang's ordinary decode forward where the target runs eagerly (:class:`DecodeForward`;
+  CPU, ``--disable-cuda-graph``), else as a ragged verify of one token per request in the
+  target's verify graphs; cap-accept mode verifies its fixed window with acceptance capped
+  at 0;
 * SGLang's commit writes the anchor's target hidden state into the draft's context KV,
   as after any zero-budget step, so the next drafted step drafts exactly what it would
   have drafted after a zero-budget step on the same context;
@@ -24,6 +27,9 @@ would still accept it with the target's probability, exactly.
 
 from __future__ import annotations
 
+import logging
+from typing import Optional
+
 import torch
 from sglang.srt.speculative.dspark_components.dspark_draft import (
     DraftBlockResult,
@@ -31,7 +37,10 @@ from sglang.srt.speculative.dspark_components.dspark_draft import (
     resolve_draft_params,
 )
 
-__all__ = ["NullProposer", "AnchorCommit", "publish_without_confidence", "no_draft_refusal"]
+__all__ = ["NullProposer", "AnchorCommit", "DecodeForward", "anchor_slots_mapped",
+           "publish_without_confidence", "no_draft_refusal"]
+
+logger = logging.getLogger(__name__)
 
 
 class NullProposer:
@@ -140,3 +149,91 @@ def no_draft_refusal() -> str:
     on = [name for name in ("SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH", "SGLANG_DSPARK_STS_COLLECT_PATH")
           if getattr(envs, name).get()]
     return f"{', '.join(on)} set (it records drafts)" if on else ""
+
+
+def anchor_slots_mapped(req_to_token, req_pool_indices, seq_lens, cache_loc) -> bool:
+    """Whether each request's next position (``seq_lens``) maps to its anchor's verify slot
+    (``cache_loc``) in ``req_to_token``: what a decode-mode forward reads the anchor's KV
+    through."""
+    rows = req_pool_indices.long()
+    got = req_to_token[rows, seq_lens.long()]
+    return bool(torch.equal(got.to(cache_loc.dtype), cache_loc))
+
+
+class DecodeForward:
+    """The target forward of a compact no-draft step, run as SGLang's ordinary decode.
+
+    A compact no-draft step verifies one token per request: the anchor, at the request's
+    next position, in the first slot of its verify window.  That is a decode step's
+    forward, so this runs it in ``ForwardMode.DECODE`` (the attention backend's decode
+    kernels and metadata instead of the extend kernels a one-token verify uses) and hands
+    SGLang's verify the same logits and hidden states.  Installed on the verify executor
+    as ``_run_ragged`` for the step; the rest of the verify (logits adjustments,
+    acceptance, the commit into the draft's KV) is SGLang's.
+
+    Only where the target runs eagerly (:meth:`for_executor`): SGLang captures the
+    target's graphs for the verify mode, so on a graph-backed GPU a decode-mode forward
+    would run outside them and the graph-replayed one-token verify stays.  The first step
+    checks that each anchor's slot is where a decode forward reads it (SGLang's verify
+    window maps the window's slots in ``req_to_token``); if not, the route is dropped for
+    good with a warning and SGLang's verify runs (one host read, at the first step only)."""
+
+    def __init__(self, executor) -> None:
+        self.executor = executor
+        self.steps = 0
+        self.dropped = ""       # why the route was dropped at its first step, or ""
+        self._checked = False
+
+    @classmethod
+    def for_executor(cls, executor) -> tuple[Optional["DecodeForward"], str]:
+        """(the route, "") where the target runs eagerly, else (None, why not)."""
+        runner = executor.target_worker.model_runner
+        if getattr(runner, "decode_cuda_graph_runner", None) is not None:
+            return None, "the target replays graphs captured for the verify (a one-token verify stays)"
+        return cls(executor), ""
+
+    def _verify(self, **kw):
+        return type(self.executor)._run_ragged(self.executor, **kw)
+
+    def __call__(self, *, batch, layout, ragged_window, sampling_info, kv_loc_plan):
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+        from sglang.srt.speculative.dspark_components.dspark_verify import TargetVerifyResult
+
+        if self.dropped:
+            return self._verify(batch=batch, layout=layout, ragged_window=ragged_window,
+                                sampling_info=sampling_info, kv_loc_plan=kv_loc_plan)
+        runner = self.executor.target_worker.model_runner
+        if not self._checked:
+            self._checked = True
+            if not anchor_slots_mapped(runner.req_to_token_pool.req_to_token, batch.req_pool_indices,
+                                       batch.seq_lens, ragged_window.verify_cache_loc):
+                self.dropped = "req_to_token does not map the anchors' verify slots"
+                logger.warning("sglang-dspark: no-draft steps verify one token per request instead of "
+                               "a decode forward: %s", self.dropped)
+                return self._verify(batch=batch, layout=layout, ragged_window=ragged_window,
+                                    sampling_info=sampling_info, kv_loc_plan=kv_loc_plan)
+        fields = ("input_ids", "spec_info", "forward_mode", "out_cache_loc", "seq_lens",
+                  "seq_lens_cpu", "seq_lens_sum")
+        saved = [getattr(batch, f) for f in fields]
+        try:
+            bs = int(batch.seq_lens.shape[0])
+            batch.input_ids = ragged_window.verify_ids        # the anchors (budget 0)
+            batch.out_cache_loc = ragged_window.verify_cache_loc
+            batch.forward_mode = ForwardMode.DECODE
+            batch.spec_info = None
+            batch.seq_lens = batch.seq_lens + 1               # a decode step's lengths count its token
+            if batch.seq_lens_cpu is not None:
+                batch.seq_lens_cpu = batch.seq_lens_cpu + 1
+            if batch.seq_lens_sum is not None:
+                batch.seq_lens_sum = int(batch.seq_lens_sum) + bs
+            forward_batch = ForwardBatch.init_new(
+                batch, runner, capture_hidden_mode=CaptureHiddenMode.FULL,
+                return_hidden_states_before_norm=False, kv_loc_plan=kv_loc_plan,
+                write_cols=ragged_window.window_index)
+            out = self.executor.target_worker.forward_batch_generation(
+                batch=None, forward_batch=forward_batch, is_verify=True)
+        finally:
+            for f, v in zip(fields, saved):
+                setattr(batch, f, v)
+        self.steps += 1
+        return TargetVerifyResult(logits_output=out.logits_output, can_run_cuda_graph=False)

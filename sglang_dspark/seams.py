@@ -177,6 +177,7 @@ def all_seams() -> list[Seam]:
     ]
     # no-draft steps (no_draft.py, worker._forward_no_draft)
     _draft = "sglang.srt.speculative.dspark_components.dspark_draft"
+    _verify = "sglang.srt.speculative.dspark_components.dspark_verify"
     seams += [
         Seam(f"{_draft}.DraftBlockProposer.propose", "requires",
              "a no-draft step swaps the worker's _proposer for NullProposer, which keeps propose()'s "
@@ -195,6 +196,15 @@ def all_seams() -> list[Seam]:
              "a pending deferred context-KV commit (its pending, flush) lands before a no-draft "
              "step; the step sets the draft input's verify_token_budget to 0 (overlap "
              "scheduling prepared it)", cpu_only=False),
+        Seam(f"{_verify}.TargetVerifyExecutor._run_ragged", "requires",
+             "a compact no-draft step replaces the executor's _run_ragged (keywords batch, layout, "
+             "ragged_window, sampling_info, kv_loc_plan; returns TargetVerifyResult) with "
+             "no_draft.DecodeForward, a decode-mode forward, where the target has no "
+             "decode_cuda_graph_runner; and its commit_hidden with AnchorCommit", cpu_only=False),
+        Seam("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", "requires",
+             "DecodeForward builds the decode-mode ForwardBatch (capture_hidden_mode, kv_loc_plan, "
+             "write_cols) and reads req_to_token_pool.req_to_token at the first step",
+             cpu_only=False),
         Seam("sglang.srt.environ.Envs.SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH", "requires",
              "no-draft steps are off while SGLang's draft recorders run (no_draft.no_draft_refusal, "
              "also SGLANG_DSPARK_STS_COLLECT_PATH)", cpu_only=False),
@@ -264,6 +274,14 @@ def all_seams() -> list[Seam]:
 # (our class, method): overrides whose parameters must stay SGLang's (the class it overrides
 # is found through the MRO, so a REPLACE hook on SGLang's module name cannot hide it)
 OVERRIDES = [("sglang_dspark.worker.DSparkControlledWorker", "_forward_decode")]
+# callables installed on an SGLang object in place of one of its methods, for one step
+# (ours, SGLang's): SGLang calls ours with the arguments of its own
+STAND_INS = [
+    ("sglang_dspark.no_draft.DecodeForward.__call__",
+     "sglang.srt.speculative.dspark_components.dspark_verify.TargetVerifyExecutor._run_ragged"),
+    ("sglang_dspark.no_draft.AnchorCommit.__call__",
+     "sglang.srt.speculative.dspark_components.dspark_verify.TargetVerifyExecutor.commit_hidden"),
+]
 
 
 def _params(fn) -> list:
@@ -273,8 +291,14 @@ def _params(fn) -> list:
 def check_override_signatures(overrides=None) -> None:
     """Every override in ``overrides`` (default :data:`OVERRIDES`; a class or its dotted
     path, and a method name) takes exactly the parameters (names, order, kinds, defaults)
-    of the SGLang method it overrides, so SGLang never calls it with an argument it drops."""
+    of the SGLang method it overrides, so SGLang never calls it with an argument it drops;
+    with the defaults, so does every stand-in of :data:`STAND_INS`."""
     bad = []
+    if overrides is None:       # the defaults: the stand-ins too
+        for ours, theirs in STAND_INS:
+            a, b = pkgutil.resolve_name(ours), pkgutil.resolve_name(theirs)
+            if _params(a) != _params(b):
+                bad.append(f"{ours}{inspect.signature(a)} stands in for {theirs}{inspect.signature(b)}")
     for cls, name in OVERRIDES if overrides is None else overrides:
         cls = pkgutil.resolve_name(cls) if isinstance(cls, str) else cls
         base = next((b for b in cls.__mro__[1:] if name in vars(b)), None)

@@ -132,6 +132,7 @@ class DSparkControlledWorker(DSparkWorkerV2):
         # no-draft steps (sglang_dspark.no_draft): the policy's gate, or an A/B ``off`` arm
         self._null_proposer = None
         self._anchor_commit = None
+        self._decode_forward = None
         self._no_draft_off_reason = ""
         if self._online_planner is not None and online:
             from sglang_dspark.no_draft import AnchorCommit, NullProposer, no_draft_refusal
@@ -143,6 +144,12 @@ class DSparkControlledWorker(DSparkWorkerV2):
             if not self._no_draft_off_reason:
                 self._null_proposer = NullProposer(self._proposer)
                 self._anchor_commit = AnchorCommit(self._verify_executor, self._kv_injector)
+                if planner.is_compact_mode:
+                    from sglang_dspark.no_draft import DecodeForward
+
+                    self._decode_forward, why = DecodeForward.for_executor(self._verify_executor)
+                    if why:
+                        logger.info("sglang-dspark: no-draft steps verify one token per request: %s", why)
             elif ab is not None and any(a.kind == "off" for a in ab.arms):
                 raise ValueError(f"SGLANG_DSPARK_AB_ARMS has an 'off' arm, but no-draft steps cannot run: "
                                  f"{self._no_draft_off_reason}")
@@ -200,8 +207,9 @@ class DSparkControlledWorker(DSparkWorkerV2):
     def _forward_no_draft(self, batch, on_publish, grammar_barrier, coordination_plan):
         """SGLang's decode step with no draft forward (:mod:`sglang_dspark.no_draft`): the
         null proposer stands in for this step, the budget is 0 (the planner answers 0 for
-        a no-draft step), the draft-context commit projects the anchors only, and the
-        publish callback drops the placeholder confidences."""
+        a no-draft step), the target's forward is a decode step's where the target runs
+        eagerly (compact mode, ``DecodeForward``), the draft-context commit projects the
+        anchors only, and the publish callback drops the placeholder confidences."""
         from sglang_dspark.no_draft import publish_without_confidence
 
         commit = self._deferred_commit()
@@ -212,12 +220,15 @@ class DSparkControlledWorker(DSparkWorkerV2):
         proposer, self._proposer = self._proposer, self._null_proposer
         executor = self._verify_executor
         executor.commit_hidden = self._anchor_commit     # this step's commit: the anchors only
+        if self._decode_forward is not None:
+            executor._run_ragged = self._decode_forward  # the target's forward: a decode step's
         try:
             result = super()._forward_decode(batch, publish_without_confidence(on_publish), grammar_barrier,
                                              coordination_plan=coordination_plan)
         finally:
             self._proposer = proposer
             del executor.commit_hidden
+            executor.__dict__.pop("_run_ragged", None)
         return result
 
     GAP_MAX_STEPS = 4.0   # a longer gap held a prefill or an idle spell, not per-step work
@@ -454,6 +465,8 @@ class DSparkControlledWorker(DSparkWorkerV2):
         state = {"steps": 0 if null is None else null.steps, "off_probes": pol.off_probes,
                  "operator_pin": pol.operator_pin, "last_reason": pol.last_draft_reason,
                  "anchor_only_commits": None if commit is None else commit.steps,
+                 "decode_forwards": None if self._decode_forward is None else self._decode_forward.steps,
+                 "decode_forward_dropped": None if self._decode_forward is None else (self._decode_forward.dropped or None),
                  "gate": None if pol.gate is None else pol.gate.summary(),
                  "unavailable": self._no_draft_off_reason or None}
         if last is not None and last.num_requests:

@@ -58,6 +58,11 @@ def test_random_no_draft_steps_keep_greedy_output(mode, arms, tiny_pair, tmp_pat
     # both kinds of step ran, and often enough to switch back and forth many times
     assert tot["off"]["steps"] >= 10 and min(t["steps"] for t in tot.values()) >= 10, tot
     assert st["no_draft"]["steps"] >= tot["off"]["steps"]
+    # compact on CPU (no target graphs): every no-draft step's target forward was a decode
+    # forward; cap-accept verifies its fixed window
+    nd = st["no_draft"]
+    assert nd["decode_forward_dropped"] is None, nd
+    assert nd["decode_forwards"] == (nd["steps"] if mode == "compact" else None), nd
     assert st["budget_sources"].get("ab:off", 0) == tot["off"]["steps"]
     # an off step verifies no draft token: one output token per request
     assert tot["off"]["verified_drafts"] == 0

@@ -1,7 +1,8 @@
 """What our worker relies on from SGLang 0.5.23, checked against SGLang's own objects.
 
 * ``_forward_decode`` keeps SGLang's parameters and forwards every one (SGLang passes
-  ``coordination_plan=`` under DP-attention prefill coordination).
+  ``coordination_plan=`` under DP-attention prefill coordination); so do the no-draft
+  step's stand-ins for the verify executor's ``_run_ragged`` and ``commit_hidden``.
 * The engine id's ranks are the ones SGLang publishes to the scheduler process (the DP
   replica index), not attributes the worker does not have.
 * Budgets that say what every request verifies get layouts whose lengths are on the host
@@ -66,6 +67,39 @@ def test_signature_check_refuses_an_override_that_drops_a_parameter():
 
     with pytest.raises(seams.SeamError, match=r"coordination_plan.*sglang==0\.5\.23"):
         seams.check_override_signatures([(Old, "_forward_decode")])
+
+
+def test_no_draft_stand_ins_take_sglangs_parameters(monkeypatch):
+    # DecodeForward / AnchorCommit are installed on SGLang's verify executor in place of
+    # _run_ragged / commit_hidden for a no-draft step; SGLang calls them by keyword
+    import inspect
+
+    from sglang_dspark import no_draft, seams
+    from sglang.srt.speculative.dspark_components.dspark_verify import TargetVerifyExecutor
+
+    for ours, theirs in ((no_draft.DecodeForward, "_run_ragged"), (no_draft.AnchorCommit, "commit_hidden")):
+        a = inspect.signature(ours.__call__).parameters
+        b = inspect.signature(getattr(TargetVerifyExecutor, theirs)).parameters
+        assert list(a) == list(b) and all(p.kind == p.KEYWORD_ONLY for p in list(b.values())[1:])
+
+    def changed(self, *, batch, layout, ragged_window, sampling_info):     # kv_loc_plan dropped
+        raise AssertionError
+
+    monkeypatch.setattr(no_draft.DecodeForward, "__call__", changed)
+    with pytest.raises(seams.SeamError, match=r"stands in for .*_run_ragged.*sglang==0\.5\.23"):
+        seams.check_override_signatures()
+
+
+def test_anchor_slots_mapped_reads_each_requests_next_position():
+    import torch
+
+    from sglang_dspark.no_draft import anchor_slots_mapped
+
+    req_to_token = torch.zeros((4, 16), dtype=torch.int32)
+    req_to_token[2, 5], req_to_token[0, 9] = 77, 31
+    rows, lens = torch.tensor([2, 0]), torch.tensor([5, 9])
+    assert anchor_slots_mapped(req_to_token, rows, lens, torch.tensor([77, 31], dtype=torch.int64))
+    assert not anchor_slots_mapped(req_to_token, rows, lens, torch.tensor([77, 30], dtype=torch.int64))
 
 
 def test_forward_decode_forwards_every_argument(monkeypatch):
