@@ -26,6 +26,9 @@ accept length at each concurrency level (closed loop, greedy, ``ignore_eos``):
               SGLANG_DSPARK_FULL_BUDGET_STATIC=1 / 0
   online_draft  (ablation, not in the default set) ``online`` with SGLANG_DSPARK_NO_DRAFT=0:
               every decode step drafts (no no-draft steps; the worker before they existed)
+  online_off  (ablation, not in the default set) ``online`` with drafting pinned off
+              (``dspark_draft`` 0: every decode step is a no-draft step): over ``nospec``,
+              what a no-draft step costs against a plain decode step
   X~ref       reference chunk of compact server X: the budget pinned at REF_FRAC (0.5);
               the online server's is fixed@0.5
 
@@ -319,6 +322,8 @@ def server_for(name: str, m: Path, table: Path, work: Path, maxrun: list[str]):
         extra += ["--speculative-dspark-sps-table-path", str(table)]
     elif name == "online":
         env["SGLANG_RAGGED_VERIFY_MODE"] = "compact"
+    elif name == "online_off":      # ablation: every step a no-draft step (pinned after start)
+        env["SGLANG_RAGGED_VERIFY_MODE"] = "compact"
     elif name == "online_draft":    # ablation: every step drafts
         env.update(SGLANG_RAGGED_VERIFY_MODE="compact", SGLANG_DSPARK_NO_DRAFT="0")
     elif name in ("online_static", "online_ragged"):  # ablations: full-budget steps static / ragged
@@ -362,7 +367,7 @@ def main(argv=None) -> int:
         raise SystemExit("--fixed-fracs must be fractions in [0, 1]")
     configs = args.configs.split(",")
     unknown = set(configs) - {"nospec", "verify_all", "upstream", "online", "online_static", "online_ragged",
-                          "online_draft", "fixed", "controller"}
+                          "online_draft", "online_off", "fixed", "controller"}
     if unknown:
         raise SystemExit(f"unknown configs {sorted(unknown)}")
     if "fixed" in configs and "online" not in configs:
@@ -392,6 +397,8 @@ def main(argv=None) -> int:
                 ctrls.append(ctrl)
                 ctrl_of[name] = ctrl
             srv.start()
+            if name == "online_off" and not srv.set_internal_state({"dspark_draft": 0}):
+                raise SystemExit(f"server refused to pin drafting off (see {srv.log_path})")
             servers[name] = Suspended(srv)
             with servers[name] as s:   # warm alone (the others are stopped), as in production
                 warm(s, levels, args.max_new_tokens, args.warm_waves)
@@ -566,6 +573,14 @@ def summarize(results: dict, plugin: dict, levels: list[int]) -> dict:
                          "extra_us_per_step": ours_us - up["plan_us_mean"], "mean_step_ms": step_ms,
                          "extra_fraction_of_step": (ours_us - up["plan_us_mean"]) / (1000.0 * step_ms)}
         s["overhead"]["ok"] = s["overhead"]["extra_fraction_of_step"] <= 0.02
+    # a no-draft step vs a plain decode step (issue 21: at most 1.10x the time, i.e. at
+    # least 1 / 1.10 of the tokens/s); cross-server, raw
+    if "online_off" in results and "nospec" in results:
+        s["no_draft_vs_plain"] = {}
+        for lv in levels:
+            c = compare(results, "online_off", "nospec", lv)
+            c["ok"] = c["ratio"] >= 1.0 / 1.10
+            s["no_draft_vs_plain"][lv] = c
     return s
 
 
@@ -619,6 +634,9 @@ def print_report(report: dict) -> None:
                 parts += f" vs_best_fixed_xval={xv['ratio']:.3f}+-{2 * xv['se']:.3f} ({'/'.join(xv['picks'])})"
             bf = s["best_fixed"].get(lv, {}).get("config")
             print(f"target {ours:>10} c={lv:<3} {parts} (best fixed: {bf}) -> {'OK' if row['ok'] else 'MISSED'}")
+    for lv, c in (s.get("no_draft_vs_plain") or {}).items():
+        print(f"no-draft steps (online_off) vs plain decoding c={lv:<3} {_fmt(c)}: a no-draft step costs "
+              f"{1 / c['ratio']:.2f}x a plain decode step -> {'OK' if c['ok'] else 'MISSED'} (target <= 1.10x)")
     if "overhead" in s:
         o = s["overhead"]
         print(f"host overhead per step: ours {o['ours_plan_us']:.0f} us planning + {o['ours_telemetry_us']:.0f} us "
@@ -637,7 +655,7 @@ def plot(report: dict, out: Path) -> None:
     fig, ax = plt.subplots(1, 3, figsize=(17, 5))
     style = {"nospec": ("k", "--"), "verify_all": ("tab:red", "-"), "upstream": ("tab:orange", "-"),
              "online": ("tab:blue", "-"), "controller": ("tab:green", "-"),
-             "online_draft": ("tab:purple", ":")}
+             "online_draft": ("tab:purple", ":"), "online_off": ("tab:gray", "-.")}
     for name, row in res.items():
         if "~ref" in name:   # reference chunks: a normalizer, not a configuration
             continue
