@@ -627,6 +627,8 @@ def print_report(report: dict) -> None:
               f"{100 * np.median(cv):.1f}% (median), {100 * max(cv):.1f}% (max)")
     for ours, t in s["targets"].items():
         for lv, row in t.items():
+            if not any(k.startswith("vs_") for k in row):
+                continue     # nothing to compare with in this run (no verify-all, upstream or sweep)
             parts = " ".join(f"{k}={_fmt(v)}" for k, v in row.items()
                              if k.startswith("vs_") and isinstance(v, dict) and "how" in v)
             xv = row.get("vs_best_fixed_xval") or {}
