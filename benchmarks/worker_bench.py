@@ -48,7 +48,8 @@ Ratios (``compare``): ours vs the fixed sweep (best fixed budget, verify-all = f
 same-server ratio; ours vs upstream / the controller divides each server by its own
 reference chunk (same budget, same prompts), which removes the per-server offset; the
 static verify-all server and no speculation have no reference and are reported raw.  At
-the end the script prints the tables, checks the targets of issue 4 (ours >= verify-all
+the end the script prints the tables (wall-time ratios, and output tokens per CPU second of
+each server's processes, which leaves out time the VM's other tenants took), checks the targets of issue 4 (ours >= verify-all
 and >= upstream at every level, within 2% of the best fixed budget, host overhead per step
 within 2% of a step of upstream's planner) and writes JSON and a PNG.  Absolute numbers are
 CPU numbers and say nothing about a GPU; only the ratios in one run mean anything.
@@ -151,6 +152,9 @@ def merge(runs: list[dict]) -> dict:
            "tokens": tokens, "wall_s": wall, "requests": sum(r["requests"] for r in runs),
            "per_round_tok_s": [r["tok_s"] for r in runs],
            "per_round_accept_len": [r.get("accept_len") for r in runs]}
+    if all(r.get("cpu_s") for r in runs):   # output tokens per CPU second of the server
+        out["tok_per_cpu_s"] = tokens / sum(r["cpu_s"] for r in runs)
+        out["per_round_tok_per_cpu_s"] = [r["tokens"] / r["cpu_s"] for r in runs]
     for k in ("accept_len", "verified_per_round"):
         vals = [r[k] for r in runs if r.get(k) is not None]
         if vals:
@@ -178,8 +182,12 @@ def run_chunk(srv: SGLangServer, name: str, lv: int, args, raw: dict, policy: st
     is the server's own configuration; ``name`` differs from it for pinned chunks."""
     ours = policy in OURS and name == policy
     before = _sources(srv) if ours else None   # outside the timed part
+    cpu0 = server_cpu_s(srv)
     r = run_level(srv.url, lv, requests_for(lv, args.tokens_per_chunk, args.max_new_tokens),
                   args.max_new_tokens, tag=f"c{lv}_", compact=policy in COMPACT)
+    cpu1 = server_cpu_s(srv)
+    if cpu0 is not None and cpu1 is not None and cpu1 > cpu0:
+        r["cpu_s"] = cpu1 - cpu0            # the server's CPU seconds for this chunk
     if ours:   # who chose K during this chunk (steps per source), e.g. how much was exploration
         r["sources"] = dict(_sources(srv) - before)
     raw.setdefault(name, {}).setdefault(lv, []).append(r)
@@ -217,6 +225,26 @@ def ref_of(server: str, results: dict) -> str | None:
         if c and c in results:
             return c
     return None
+
+
+def server_cpu_s(srv: SGLangServer) -> float | None:
+    """CPU seconds (user + system) every process of a server has used so far: the server
+    runs in its own session, so its process group is its launcher's pid (None: unknown).
+    Unlike wall time, CPU seconds leave out time the VM's other tenants took."""
+    if srv.proc is None:
+        return None
+    total, found = 0.0, False
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 12 and int(fields[2]) == srv.proc.pid:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            found = True
+    return total if found else None
 
 
 def process_cpu_s(pid: int) -> float | None:
@@ -468,6 +496,18 @@ def _ref_speed(ref: dict) -> list[float]:
     return [t / a for t, a in zip(tok, acc)]
 
 
+def compare_cpu(results: dict, a: str, b: str, lv) -> dict | None:
+    """Chunk ``a`` vs chunk ``b`` in output tokens per CPU second of each server (raw;
+    None where a side has no CPU seconds)."""
+    A, B = results[a][lv], results[b][lv]
+    if not A.get("tok_per_cpu_s") or not B.get("tok_per_cpu_s"):
+        return None
+    pa, pb = A["per_round_tok_per_cpu_s"], B["per_round_tok_per_cpu_s"]
+    per = [x / y for x, y in zip(pa, pb)] if len(pa) == len(pb) else []
+    return {"ratio": float(A["tok_per_cpu_s"] / B["tok_per_cpu_s"]), "how": "raw",
+            "rounds": _round_stats(per), "per_round": per}
+
+
 def compare(results: dict, a: str, b: str, lv) -> dict:
     """Chunk ``a`` vs chunk ``b`` at one level, as fairly as the run allows:
 
@@ -580,6 +620,7 @@ def summarize(results: dict, plugin: dict, levels: list[int]) -> dict:
         for lv in levels:
             c = compare(results, "online_off", "nospec", lv)
             c["ok"] = c["ratio"] >= 1.0 / 1.10
+            c["cpu_seconds"] = compare_cpu(results, "online_off", "nospec", lv)
             s["no_draft_vs_plain"][lv] = c
     return s
 
@@ -637,8 +678,20 @@ def print_report(report: dict) -> None:
             bf = s["best_fixed"].get(lv, {}).get("config")
             print(f"target {ours:>10} c={lv:<3} {parts} (best fixed: {bf}) -> {'OK' if row['ok'] else 'MISSED'}")
     for lv, c in (s.get("no_draft_vs_plain") or {}).items():
+        cpu = c.get("cpu_seconds")
         print(f"no-draft steps (online_off) vs plain decoding c={lv:<3} {_fmt(c)}: a no-draft step costs "
-              f"{1 / c['ratio']:.2f}x a plain decode step -> {'OK' if c['ok'] else 'MISSED'} (target <= 1.10x)")
+              f"{1 / c['ratio']:.2f}x a plain decode step -> {'OK' if c['ok'] else 'MISSED'} (target <= 1.10x)"
+              + (f"; per CPU second {_fmt(cpu)}, {1 / cpu['ratio']:.2f}x" if cpu else ""))
+    cpu_rows = [(name, lv, compare_cpu(res, name, "nospec", lv)) for name in res if "nospec" in res
+                for lv in levels]
+    if any(c for _, _, c in cpu_rows):
+        print("\noutput tokens per CPU second of each server, over no speculation's (steadier than wall "
+              "time on a shared VM: other tenants' time is left out; +-2 SE over the rounds):")
+        for name in res:
+            if "~ref" in name:
+                continue
+            cells = [c for n, _, c in cpu_rows if n == name]
+            print(f"{name:>16} " + " ".join(f"{(_fmt(c) if c else '-'):>20}" for c in cells))
     if "overhead" in s:
         o = s["overhead"]
         print(f"host overhead per step: ours {o['ours_plan_us']:.0f} us planning + {o['ours_telemetry_us']:.0f} us "

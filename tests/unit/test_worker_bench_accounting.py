@@ -122,3 +122,23 @@ def test_summary_targets_use_the_fair_ratios(wb):
     assert row["vs_best_fixed"]["ratio"] == pytest.approx(100 / 101)
     assert not row["ok"]      # below upstream once normalized
     assert s["server_offsets"][4]["upstream"] == pytest.approx(85 / 101)
+
+
+def test_cpu_seconds_ratio_and_the_no_draft_cost_line(wb):
+    def run(tok_s, cpu_s, tokens=256):
+        return {"tokens": tokens, "wall_s": tokens / tok_s, "tok_s": tok_s, "tok_s_per_user": tok_s,
+                "requests": 4, "cpu_s": cpu_s}
+
+    # no-draft steps: 10% slower in wall time, but the plain server lost CPU to other tenants
+    res = {"nospec": {1: wb.merge([run(100.0, 5.0), run(100.0, 5.2)])},
+           "online_off": {1: wb.merge([run(90.0, 5.0), run(90.0, 5.2)])}}
+    assert res["nospec"][1]["tok_per_cpu_s"] == pytest.approx(512 / 10.2)
+    c = wb.compare_cpu(res, "online_off", "nospec", 1)
+    assert c["ratio"] == pytest.approx(1.0) and c["per_round"] == pytest.approx([1.0, 1.0])
+    s = wb.summarize(res, {}, [1])
+    line = s["no_draft_vs_plain"][1]
+    assert line["ratio"] == pytest.approx(0.9) and line["ok"] is False      # 1.11x > 1.10x
+    assert line["cpu_seconds"]["ratio"] == pytest.approx(1.0)
+    # a chunk without CPU seconds (an unreadable /proc) drops the CPU column, not the run
+    res["nospec"][1] = wb.merge([run(100.0, None), run(100.0, 5.0)])
+    assert "tok_per_cpu_s" not in res["nospec"][1] and wb.compare_cpu(res, "online_off", "nospec", 1) is None
