@@ -9,9 +9,8 @@ step, and a verify budget of 0:
   placeholder draft tokens that no verify window reaches;
 * the target verifies only the anchor of each request, samples the next token from the
   target's own distribution, and commits it.  Compact mode: one token per request, run
-  as SGLang's ordinary decode forward where the target runs eagerly (:class:`DecodeForward`;
-  CPU, ``--disable-cuda-graph``), else as a ragged verify of one token per request in the
-  target's verify graphs; cap-accept mode verifies its fixed window with acceptance capped
+  as SGLang's ordinary decode forward on CPU (:class:`DecodeForward`), else as a ragged
+  verify of one token per request (in the target's verify graphs where captured); cap-accept mode verifies its fixed window with acceptance capped
   at 0;
 * SGLang's commit writes the anchor's target hidden state into the draft's context KV,
   as after any zero-budget step, so the next drafted step drafts exactly what it would
@@ -171,9 +170,11 @@ class DecodeForward:
     as ``_run_ragged`` for the step; the rest of the verify (logits adjustments,
     acceptance, the commit into the draft's KV) is SGLang's.
 
-    Only where the target runs eagerly (:meth:`for_executor`): SGLang captures the
+    Only where the target runs eagerly on CPU (:meth:`for_executor`): SGLang captures the
     target's graphs for the verify mode, so on a graph-backed GPU a decode-mode forward
-    would run outside them and the graph-replayed one-token verify stays.  The first step
+    would run outside them and the graph-replayed one-token verify stays; an eager GPU
+    target (``--disable-cuda-graph``) keeps the verify too until the route is verified
+    on a GPU's attention backends.  The first step
     checks that each anchor's slot is where a decode forward reads it (SGLang's verify
     window maps the window's slots in ``req_to_token``); if not, the route is dropped for
     good with a warning and SGLang's verify runs (one host read, at the first step only)."""
@@ -190,6 +191,9 @@ class DecodeForward:
         runner = executor.target_worker.model_runner
         if getattr(runner, "decode_cuda_graph_runner", None) is not None:
             return None, "the target replays graphs captured for the verify (a one-token verify stays)"
+        if torch.device(runner.device).type != "cpu":
+            return None, ("the decode-forward route is verified on CPU only; an eager GPU target "
+                          "keeps the one-token verify")
         return cls(executor), ""
 
     def _verify(self, **kw):

@@ -199,8 +199,8 @@ def all_seams() -> list[Seam]:
         Seam(f"{_verify}.TargetVerifyExecutor._run_ragged", "requires",
              "a compact no-draft step replaces the executor's _run_ragged (keywords batch, layout, "
              "ragged_window, sampling_info, kv_loc_plan; returns TargetVerifyResult) with "
-             "no_draft.DecodeForward, a decode-mode forward, where the target has no "
-             "decode_cuda_graph_runner; and its commit_hidden with AnchorCommit", cpu_only=False),
+             "no_draft.DecodeForward, a decode-mode forward, on CPU targets (no "
+             "decode_cuda_graph_runner); and its commit_hidden with AnchorCommit", cpu_only=False),
         Seam("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", "requires",
              "DecodeForward builds the decode-mode ForwardBatch (capture_hidden_mode, kv_loc_plan, "
              "write_cols) and reads req_to_token_pool.req_to_token at the first step",

@@ -267,3 +267,18 @@ def _probe() -> dict:
 
 if __name__ == "__main__":
     print(json.dumps(_probe()))
+
+
+def test_decode_forward_route_only_for_eager_cpu_targets():
+    from sglang_dspark.no_draft import DecodeForward
+
+    def executor(device, graphs):
+        return SimpleNamespace(target_worker=SimpleNamespace(model_runner=SimpleNamespace(
+            device=device, decode_cuda_graph_runner=object() if graphs else None)))
+
+    route, why = DecodeForward.for_executor(executor("cpu", False))
+    assert isinstance(route, DecodeForward) and why == ""
+    route, why = DecodeForward.for_executor(executor("cuda", True))
+    assert route is None and "graphs captured for the verify" in why
+    route, why = DecodeForward.for_executor(executor("cuda", False))     # --disable-cuda-graph
+    assert route is None and "verified on CPU only" in why
