@@ -10,8 +10,8 @@ step, and a verify budget of 0:
 * the target verifies only the anchor of each request, samples the next token from the
   target's own distribution, and commits it.  Compact mode: one token per request, run
   as SGLang's ordinary decode forward on CPU (:class:`DecodeForward`), else as a ragged
-  verify of one token per request (in the target's verify graphs where captured); cap-accept mode verifies its fixed window with acceptance capped
-  at 0;
+  verify of one token per request (in the target's verify graphs where captured);
+  cap-accept mode verifies its fixed window with acceptance capped at 0;
 * SGLang's commit writes the anchor's target hidden state into the draft's context KV,
   as after any zero-budget step, so the next drafted step drafts exactly what it would
   have drafted after a zero-budget step on the same context;
@@ -196,17 +196,8 @@ class DecodeForward:
                           "keeps the one-token verify")
         return cls(executor), ""
 
-    def _verify(self, **kw):
-        return type(self.executor)._run_ragged(self.executor, **kw)
-
-    def __call__(self, *, batch, layout, ragged_window, sampling_info, kv_loc_plan):
-        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
-        from sglang.srt.speculative.dspark_components.dspark_verify import TargetVerifyResult
-
-        if self.dropped:
-            return self._verify(batch=batch, layout=layout, ragged_window=ragged_window,
-                                sampling_info=sampling_info, kv_loc_plan=kv_loc_plan)
-        runner = self.executor.target_worker.model_runner
+    def _usable(self, runner, batch, ragged_window) -> bool:
+        """False once the first step found the anchors' slots unmapped (checked once)."""
         if not self._checked:
             self._checked = True
             if not anchor_slots_mapped(runner.req_to_token_pool.req_to_token, batch.req_pool_indices,
@@ -214,8 +205,17 @@ class DecodeForward:
                 self.dropped = "req_to_token does not map the anchors' verify slots"
                 logger.warning("sglang-dspark: no-draft steps verify one token per request instead of "
                                "a decode forward: %s", self.dropped)
-                return self._verify(batch=batch, layout=layout, ragged_window=ragged_window,
-                                    sampling_info=sampling_info, kv_loc_plan=kv_loc_plan)
+        return not self.dropped
+
+    def __call__(self, *, batch, layout, ragged_window, sampling_info, kv_loc_plan):
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+        from sglang.srt.speculative.dspark_components.dspark_verify import TargetVerifyResult
+
+        runner = self.executor.target_worker.model_runner
+        if not self._usable(runner, batch, ragged_window):     # SGLang's one-token verify
+            return type(self.executor)._run_ragged(self.executor, batch=batch, layout=layout,
+                                                   ragged_window=ragged_window,
+                                                   sampling_info=sampling_info, kv_loc_plan=kv_loc_plan)
         fields = ("input_ids", "spec_info", "forward_mode", "out_cache_loc", "seq_lens",
                   "seq_lens_cpu", "seq_lens_sum")
         saved = [getattr(batch, f) for f in fields]

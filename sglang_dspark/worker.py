@@ -207,9 +207,8 @@ class DSparkControlledWorker(DSparkWorkerV2):
     def _forward_no_draft(self, batch, on_publish, grammar_barrier, coordination_plan):
         """SGLang's decode step with no draft forward (:mod:`sglang_dspark.no_draft`): the
         null proposer stands in for this step, the budget is 0 (the planner answers 0 for
-        a no-draft step), the target's forward is a decode step's where the target runs
-        eagerly (compact mode, ``DecodeForward``), the draft-context commit projects the
-        anchors only, and the publish callback drops the placeholder confidences."""
+        a no-draft step), the target's forward is a decode step's on CPU targets (compact
+        mode, ``DecodeForward``), the draft-context commit projects the anchors only, and the publish callback drops the placeholder confidences."""
         from sglang_dspark.no_draft import publish_without_confidence
 
         commit = self._deferred_commit()

@@ -102,6 +102,21 @@ def test_anchor_slots_mapped_reads_each_requests_next_position():
     assert not anchor_slots_mapped(req_to_token, rows, lens, torch.tensor([77, 30], dtype=torch.int64))
 
 
+def test_decode_forward_route_only_for_eager_cpu_targets():
+    from sglang_dspark.no_draft import DecodeForward
+
+    def executor(device, graphs):
+        return SimpleNamespace(target_worker=SimpleNamespace(model_runner=SimpleNamespace(
+            device=device, decode_cuda_graph_runner=object() if graphs else None)))
+
+    route, why = DecodeForward.for_executor(executor("cpu", False))
+    assert isinstance(route, DecodeForward) and why == ""
+    route, why = DecodeForward.for_executor(executor("cuda", True))
+    assert route is None and "graphs captured for the verify" in why
+    route, why = DecodeForward.for_executor(executor("cuda", False))     # --disable-cuda-graph
+    assert route is None and "verified on CPU only" in why
+
+
 def test_forward_decode_forwards_every_argument(monkeypatch):
     ours, base = _sglang_worker()
     calls = []
@@ -268,17 +283,3 @@ def _probe() -> dict:
 if __name__ == "__main__":
     print(json.dumps(_probe()))
 
-
-def test_decode_forward_route_only_for_eager_cpu_targets():
-    from sglang_dspark.no_draft import DecodeForward
-
-    def executor(device, graphs):
-        return SimpleNamespace(target_worker=SimpleNamespace(model_runner=SimpleNamespace(
-            device=device, decode_cuda_graph_runner=object() if graphs else None)))
-
-    route, why = DecodeForward.for_executor(executor("cpu", False))
-    assert isinstance(route, DecodeForward) and why == ""
-    route, why = DecodeForward.for_executor(executor("cuda", True))
-    assert route is None and "graphs captured for the verify" in why
-    route, why = DecodeForward.for_executor(executor("cuda", False))     # --disable-cuda-graph
-    assert route is None and "verified on CPU only" in why
