@@ -53,6 +53,7 @@ def test_default_folder_is_per_user_state_not_the_working_directory(short_tmp, c
         where = ctl.status().profiles[0].path
         assert where == str(state / "sglang-dspark" / "profiles" / f"{fingerprint().profile_key()}.json")
     finally:
+        c.close()                    # else it re-registers with ctl2, which binds the same address
         assert ctl.stop(signal.SIGTERM) == 0
     log = ctl.log()
     assert load_profile(where).samples_seen == 120                       # persisted there on SIGTERM
