@@ -1,6 +1,6 @@
-"""SGLang's own SPS table for the ``bench`` tiny pair, made by SGLang's own profiler.
+"""SGLang's own SPS table for a tiny pair (``bench`` or ``deep``), made by SGLang's own profiler.
 
-    python benchmarks/upstream_table.py [--out benchmarks/results/bench-upstream-sps-table.json]
+    python benchmarks/upstream_table.py [--pair bench] [--out benchmarks/results/<pair>-upstream-sps-table.json]
 
 What the ``upstream`` row of ``benchmarks/worker_bench.py`` serves with: an
 ``SpsAdditiveCostTable`` written by ``python -m sglang.benchmark.dspark_sps_profiler all``
@@ -35,16 +35,16 @@ sys.path.insert(0, str(HERE))
 
 from profiler_compare import SHIM, warm_up  # noqa: E402
 
-DEFAULT_OUT = HERE / "results" / "bench-upstream-sps-table.json"
 
 
-def make_table(*, models: Path, out: Path, max_batch: int = 32, log_dir: Path | None = None) -> dict:
+def make_table(*, models: Path, out: Path, max_batch: int = 32, log_dir: Path | None = None,
+               pair: str = "bench") -> dict:
     from sglang.srt.speculative.dspark_components.dspark_sps import load_sps_table_from_path
 
     from sglang_dspark.server_process import SGLangServer
     from sglang_dspark.tiny_models import PRESETS, ensure_pair
 
-    ensure_pair(models, PRESETS["bench"])
+    ensure_pair(models, PRESETS[pair])
     if log_dir is None:
         import tempfile
 
@@ -82,11 +82,15 @@ def make_table(*, models: Path, out: Path, max_batch: int = 32, log_dir: Path | 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default=str(ROOT / "artifacts" / "bench"))
-    ap.add_argument("--out", default=str(DEFAULT_OUT))
+    ap.add_argument("--pair", default="bench", choices=["bench", "deep"],
+                    help="tiny pair preset (sglang_dspark.tiny_models.PRESETS)")
+    ap.add_argument("--models", default="", help="pair folder (default artifacts/<pair>)")
+    ap.add_argument("--out", default="", help="table path (default benchmarks/results/<pair>-upstream-sps-table.json)")
     ap.add_argument("--max-batch-size", type=int, default=32)
     args = ap.parse_args(argv)
-    prov = make_table(models=Path(args.models), out=Path(args.out), max_batch=args.max_batch_size)
+    models = Path(args.models or ROOT / "artifacts" / args.pair)
+    out = Path(args.out or HERE / "results" / f"{args.pair}-upstream-sps-table.json")
+    prov = make_table(models=models, out=out, max_batch=args.max_batch_size, pair=args.pair)
     print(json.dumps(prov, indent=2))
     return 0
 

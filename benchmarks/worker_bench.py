@@ -80,6 +80,7 @@ from sglang_dspark.server_process import SGLangServer, free_port, http_json  # n
 from sglang_dspark.tiny_models import PRESETS, ensure_pair  # noqa: E402
 
 BENCH_SPEC = PRESETS["bench"]
+PAIRS = ("bench", "deep")     # presets with the same gamma (cap_tokens reads BENCH_SPEC's)
 FIXED_FRACS = (1.0, 0.75, 0.5, 0.25)
 REF_FRAC = 0.5      # every compact server's reference chunk: this fraction pinned
 OURS = ("online", "controller", "online_static", "online_ragged")
@@ -310,18 +311,19 @@ def stop_process(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-def prepare(models: str, table: str, *, need_table: bool, max_batch: int, prefix: str) -> tuple[Path, Path, Path]:
-    """(model pair folder, scratch folder, SGLang table): builds the bench pair if missing
-    and, when ``need_table``, runs SGLang's profiler for the table if it is missing."""
+def prepare(models: str, table: str, *, need_table: bool, max_batch: int, prefix: str,
+            pair: str = "bench") -> tuple[Path, Path, Path]:
+    """(model pair folder, scratch folder, SGLang table): builds the ``pair`` preset if
+    missing and, when ``need_table``, runs SGLang's profiler for the table if it is missing."""
     m = Path(models)
-    ensure_pair(m, BENCH_SPEC)
+    ensure_pair(m, PRESETS[pair])
     work = Path(tempfile.mkdtemp(prefix=prefix))
     table_path = Path(table)
     if need_table and not table_path.is_file():
         from upstream_table import make_table
 
         print(f"[bench] {table_path} missing: running SGLang's dspark_sps_profiler (several minutes)", flush=True)
-        make_table(models=m, out=table_path, max_batch=max_batch, log_dir=work)
+        make_table(models=m, out=table_path, max_batch=max_batch, log_dir=work, pair=pair)
     return m, work, table_path
 
 
@@ -370,14 +372,18 @@ def server_for(name: str, m: Path, table: Path, work: Path, maxrun: list[str]):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default=str(HERE.parent / "artifacts" / "bench"))
+    ap.add_argument("--pair", default="bench", choices=PAIRS,
+                    help="tiny pair preset: bench (4 target layers) or deep (12 layers of the same "
+                         "width: drafting pays at one request and loses under load on a CPU)")
+    ap.add_argument("--models", default="", help="pair folder (default artifacts/<pair>)")
     ap.add_argument("--levels", default="1,4,16,32")
     ap.add_argument("--tokens-per-chunk", type=int, default=256,
                     help="output tokens per measured chunk (whole waves, at least one)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--configs", default="nospec,verify_all,upstream,online,fixed,controller")
-    ap.add_argument("--table", default=str(HERE / "results" / "bench-upstream-sps-table.json"),
-                    help="SGLang SPS table for 'upstream' (made by benchmarks/upstream_table.py if missing)")
+    ap.add_argument("--table", default="",
+                    help="SGLang SPS table for 'upstream' (default benchmarks/results/<pair>-upstream-sps-table.json; "
+                         "made by benchmarks/upstream_table.py if missing)")
     ap.add_argument("--rounds", type=int, default=6,
                     help="rounds; each measures one chunk of every (config, level), in alternating order")
     ap.add_argument("--warm-waves", type=int, default=3,
@@ -404,12 +410,14 @@ def main(argv=None) -> int:
     servers_to_start = [c for c in configs if c != "fixed"]
     if args.rounds < 1 or args.warm_waves < 0 or args.tokens_per_chunk < 1:
         raise SystemExit("--rounds and --tokens-per-chunk must be >= 1, --warm-waves >= 0")
-    m, work, table = prepare(args.models, args.table, need_table="upstream" in configs, max_batch=max(levels),
-                             prefix="dspark-bench-")
+    models = args.models or str(HERE.parent / "artifacts" / args.pair)
+    table_arg = args.table or str(HERE / "results" / f"{args.pair}-upstream-sps-table.json")
+    m, work, table = prepare(models, table_arg, need_table="upstream" in configs, max_batch=max(levels),
+                             prefix="dspark-bench-", pair=args.pair)
     maxrun = ["--max-running-requests", str(max(levels))]
     meta = {"command": "python benchmarks/worker_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "date": time.strftime("%Y-%m-%d %H:%M"), "host": platform.node(), "cpus": os.cpu_count(),
-            "levels": levels, "max_new_tokens": args.max_new_tokens, "tokens_per_chunk": args.tokens_per_chunk,
+            "pair": args.pair, "levels": levels, "max_new_tokens": args.max_new_tokens, "tokens_per_chunk": args.tokens_per_chunk,
             "rounds": args.rounds, "warm_waves": args.warm_waves, "design": "interleaved+references",
             "ref_frac": REF_FRAC,
             "table": str(table), "load_avg_start": os.getloadavg()[0]}
@@ -735,7 +743,7 @@ def plot(report: dict, out: Path) -> None:
     ax[2].set_xticklabels([str(lv) for lv in levels])
     ax[1].legend(fontsize=8)
     m = report["meta"]
-    fig.suptitle(f"bench tiny pair on {m['cpus']} CPUs, {m['date']} (CPU figures: only ratios mean anything)")
+    fig.suptitle(f"{m.get('pair', 'bench')} tiny pair on {m['cpus']} CPUs, {m['date']} (CPU figures: only ratios mean anything)")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
