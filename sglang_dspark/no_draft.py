@@ -12,9 +12,10 @@ step, and a verify budget of 0:
   as SGLang's ordinary decode forward on CPU (:class:`DecodeForward`), else as a ragged
   verify of one token per request (in the target's verify graphs where captured);
   cap-accept mode verifies its fixed window with acceptance capped at 0;
-* SGLang's commit writes the anchor's target hidden state into the draft's context KV,
-  as after any zero-budget step, so the next drafted step drafts exactly what it would
-  have drafted after a zero-budget step on the same context;
+* the anchor's target hidden state goes into the draft's context KV, as SGLang's commit
+  writes it after any zero-budget step, batched over a run of no-draft steps and written
+  before the next drafted step or prefill (:class:`AnchorCommit`), so the next drafted step
+  drafts exactly what it would have drafted after a zero-budget step on the same context;
 * no confidences are published: the lag relay keeps the last drafted ones.
 
 Lossless by construction: whether a step drafts is decided before the step from earlier
@@ -81,22 +82,39 @@ class NullProposer:
 
 
 class AnchorCommit:
-    """The draft-context commit of a no-draft step, projecting only what it commits.
+    """The draft-context commit of no-draft steps: the anchors only, batched.
 
     SGLang's compact commit (``TargetHiddenKvInjector.inject_ragged``) projects every row
     of the strided verify window (``R x (gamma + 1)``) through the draft's context
     projection and gates the write by the commit lengths; a no-draft step commits one row
-    per request, its anchor.  This projects and writes those ``R`` rows only (the same
-    ``inject_target_hidden`` call SGLang's non-compact commit makes, at the anchors'
-    positions and cache slots).  Installed on the verify executor for the step; the pools
-    whose commit SGLang routes elsewhere (the MLA/SWA radix path, SWA rings) and the
-    non-compact verify keep SGLang's own commit."""
+    per request, its anchor.  This keeps those ``R`` rows (a copy of the anchors' target
+    hidden states, draft-pool slots and positions) and projects them later, many steps in
+    one call (``flush``: the same ``inject_target_hidden`` call SGLang's non-compact commit
+    makes): a projection of a few rows costs about what one row costs, and a run of no-draft
+    steps pays it once.
 
-    def __init__(self, executor, injector) -> None:
+    Rule: every pending row lands before anything reads or rewrites the draft's KV.  The
+    worker flushes before every forward that is not a no-draft decode step (a drafted step
+    drafts from the context; a prefill or extend writes its own rows), and ``__call__``
+    flushes once ``max_rows`` rows wait.  A slot freed between two no-draft steps (a request
+    finished) and handed to another request's next token appears twice in the pending rows;
+    the later row is the live one and is the one written (``_latest``).  The rows depend on
+    nothing but their own hidden state and position, so the write is the one the steps would
+    have made.  Installed on the verify executor for each no-draft step; the pools whose
+    commit SGLang routes elsewhere (the MLA/SWA radix path, SWA rings) and the non-compact
+    verify keep SGLang's own commit, at once."""
+
+    def __init__(self, executor, injector, max_rows: int = 256) -> None:
+        if max_rows < 1:
+            raise ValueError(f"AnchorCommit max_rows={max_rows}: must be >= 1")
         self.original = executor.commit_hidden
         self.injector = injector
+        self.max_rows = int(max_rows)
         self._supported = None    # read at the first step: the draft's KV pool exists by then
+        self._pending: list[tuple] = []
+        self._rows = 0
         self.steps = 0
+        self.flushes = 0
 
     @property
     def supported(self) -> bool:
@@ -106,18 +124,53 @@ class AnchorCommit:
                                and not hasattr(pool, "set_swa_key_buffer_radix_fused_norm_rope"))
         return self._supported
 
+    @property
+    def pending_rows(self) -> int:
+        return self._rows
+
     def __call__(self, *, batch, layout, hidden_strided, verify_window, logits_output, commit_lens, bs,
                  run_compact):
         if not (self.supported and run_compact and hidden_strided is not None):
+            self.flush()
             return self.original(batch=batch, layout=layout, hidden_strided=hidden_strided,
                                  verify_window=verify_window, logits_output=logits_output,
                                  commit_lens=commit_lens, bs=bs, run_compact=run_compact)
         stride = int(verify_window.verify_cache_loc_2d.shape[1])
-        hidden = hidden_strided.view(bs, stride, -1)[:, 0]
-        cache_loc = self.injector.ids_for(verify_window.kv_loc_plan).view(bs, stride)[:, 0]
-        self.injector.inject_target_hidden(target_hidden=hidden.contiguous(), cache_loc=cache_loc.contiguous(),
-                                           positions=verify_window.positions_2d[:, 0].contiguous())
+        # copies: the verify's buffers are rewritten by the next step
+        hidden = hidden_strided.view(bs, stride, -1)[:, 0].clone()
+        cache_loc = self.injector.ids_for(verify_window.kv_loc_plan).view(bs, stride)[:, 0].clone()
+        positions = verify_window.positions_2d[:, 0].clone()
+        self._pending.append((hidden, cache_loc, positions))
+        self._rows += bs
         self.steps += 1
+        if self._rows >= self.max_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        """Project and write every pending row (one call), then forget them."""
+        if not self._pending:
+            return
+        pending, self._pending, self._rows = self._pending, [], 0
+        if len(pending) == 1:
+            hidden, cache_loc, positions = pending[0]
+        else:
+            hidden, cache_loc, positions = (torch.cat(x) for x in zip(*pending))
+            keep = _latest(cache_loc)
+            if keep is not None:
+                hidden, cache_loc, positions = hidden[keep], cache_loc[keep], positions[keep]
+        self.injector.inject_target_hidden(target_hidden=hidden, cache_loc=cache_loc, positions=positions)
+        self.flushes += 1
+
+
+def _latest(slots: torch.Tensor) -> Optional[torch.Tensor]:
+    """Indices that keep only the last occurrence of each slot in ``slots`` (in order), or
+    None when every slot occurs once."""
+    n = int(slots.shape[0])
+    order = torch.arange(n, device=slots.device)
+    last = torch.full((int(slots.max()) + 1,), -1, dtype=order.dtype, device=slots.device)
+    last.scatter_reduce_(0, slots.long(), order, reduce="amax")
+    keep = last[slots.long()] == order
+    return None if bool(keep.all()) else keep.nonzero().view(-1)
 
 
 def publish_without_confidence(on_publish):

@@ -159,6 +159,10 @@ def all_seams() -> list[Seam]:
              "forwards every one (SGLang passes coordination_plan= under DP-attention prefill "
              "coordination); install() compares the signatures (check_override_signatures)",
              cpu_only=False),
+        Seam(f"{_worker_v2}.forward_batch_generation", "requires",
+             "DSparkControlledWorker.forward_batch_generation flushes the no-draft steps' pending "
+             "draft-context rows before a prefill or extend (no_draft.AnchorCommit) and forwards "
+             "every argument (check_override_signatures)", cpu_only=False),
         Seam("sglang.srt.runtime_context.get_parallel", "requires",
              "the engine id's tp_rank and dp_rank (the DP replica index) come from SGLang's "
              "published ranks (link.engine_ranks)", cpu_only=False),
@@ -273,7 +277,8 @@ def all_seams() -> list[Seam]:
 
 # (our class, method): overrides whose parameters must stay SGLang's (the class it overrides
 # is found through the MRO, so a REPLACE hook on SGLang's module name cannot hide it)
-OVERRIDES = [("sglang_dspark.worker.DSparkControlledWorker", "_forward_decode")]
+OVERRIDES = [("sglang_dspark.worker.DSparkControlledWorker", "_forward_decode"),
+             ("sglang_dspark.worker.DSparkControlledWorker", "forward_batch_generation")]
 # callables installed on an SGLang object in place of one of its methods, for one step
 # (ours, SGLang's): SGLang calls ours with the arguments of its own
 STAND_INS = [

@@ -36,6 +36,8 @@ logger = logging.getLogger(__name__)
 class DSparkControlledWorker(DSparkWorkerV2):
     """DSparkWorkerV2 plus live step telemetry and controller-driven budgets."""
 
+    _anchor_commit = None     # no_draft.AnchorCommit, once no-draft steps can run (set in __init__)
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._dspark_ready = False
@@ -178,6 +180,16 @@ class DSparkControlledWorker(DSparkWorkerV2):
                 f"warm-up steps use {fallback}){note}")
 
     # ------------------------------------------------------------------ decode step
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, *,
+                                 pp_proxy_tensors=None):
+        # SGLang's signature; a prefill or extend lands the no-draft steps' pending
+        # draft-context rows before it writes its own (AnchorCommit's rule)
+        if self._anchor_commit is not None and (not batch.forward_mode.is_decode()
+                                                or batch.is_extend_in_batch):
+            self._anchor_commit.flush()
+        return super().forward_batch_generation(batch, on_publish, grammar_barrier,
+                                                pp_proxy_tensors=pp_proxy_tensors)
+
     def _forward_decode(self, batch, on_publish, grammar_barrier=None, coordination_plan=None):
         # SGLang's signature, every argument forwarded: its DP-attention prefill
         # coordination calls this with coordination_plan= (seams.py checks the signature)
@@ -191,6 +203,8 @@ class DSparkControlledWorker(DSparkWorkerV2):
         self._feed_gap()
         try:
             if drafting:
+                if self._anchor_commit is not None:
+                    self._anchor_commit.flush()    # the draft reads the context the off steps built
                 result = super()._forward_decode(batch, on_publish, grammar_barrier,
                                                  coordination_plan=coordination_plan)
             else:
@@ -208,7 +222,8 @@ class DSparkControlledWorker(DSparkWorkerV2):
         """SGLang's decode step with no draft forward (:mod:`sglang_dspark.no_draft`): the
         null proposer stands in for this step, the budget is 0 (the planner answers 0 for
         a no-draft step), the target's forward is a decode step's on CPU targets (compact
-        mode, ``DecodeForward``), the draft-context commit projects the anchors only, and the publish callback drops the placeholder confidences."""
+        mode, ``DecodeForward``), the draft-context commit keeps the anchors for a batched
+        write (``AnchorCommit``), and the publish callback drops the placeholder confidences."""
         from sglang_dspark.no_draft import publish_without_confidence
 
         commit = self._deferred_commit()
@@ -464,6 +479,7 @@ class DSparkControlledWorker(DSparkWorkerV2):
         state = {"steps": 0 if null is None else null.steps, "off_probes": pol.off_probes,
                  "operator_pin": pol.operator_pin, "last_reason": pol.last_draft_reason,
                  "anchor_only_commits": None if commit is None else commit.steps,
+                 "anchor_commit_flushes": None if commit is None else commit.flushes,
                  "decode_forwards": None if self._decode_forward is None else self._decode_forward.steps,
                  "decode_forward_dropped": None if self._decode_forward is None else (self._decode_forward.dropped or None),
                  "gate": None if pol.gate is None else pol.gate.summary(),

@@ -106,6 +106,9 @@ def test_a_step_drafts_after_no_draft_steps_what_an_always_drafting_run_drafts(t
     off_steps = runs["mixed"][0]["server_info"]["internal_states"][0]["dspark_info_record"][
         "sglang_dspark"]["ab"]["totals"]["off"]["steps"]
     assert off_steps >= 10
+    # the off steps' anchor rows were written in batches (a run of off steps, one write)
+    nd = runs["mixed"][0]["server_info"]["internal_states"][0]["dspark_info_record"]["sglang_dspark"]["no_draft"]
+    assert nd["anchor_only_commits"] == off_steps and 1 <= nd["anchor_commit_flushes"] < off_steps, nd
     assert len(m) + off_steps - 3 <= len(a)      # every off step skipped a prefix's draft
     # drafted steps right after off steps: their prefix was reached by a no-draft step
     after_off = [k for k in m if (k[0], k[1] - 1) not in m and k[1] - 1 >= min(p for (r, p) in m if r == k[0])]

@@ -143,6 +143,30 @@ def test_forward_decode_forwards_every_argument(monkeypatch):
     assert seen == [(batch, "result", True)] and w._telemetry_calls == 1
 
 
+def test_forward_batch_generation_flushes_before_a_prefill_and_forwards_every_argument(monkeypatch):
+    ours, base = _sglang_worker()
+    calls, flushes = [], []
+
+    def sglang_forward(self, batch, on_publish=None, grammar_barrier=None, *, pp_proxy_tensors=None):
+        calls.append((batch.name, on_publish, grammar_barrier, pp_proxy_tensors, len(flushes)))
+        return "result"
+
+    monkeypatch.setattr(base, "forward_batch_generation", sglang_forward)
+    w = object.__new__(ours)
+    w.__dict__.update(_anchor_commit=SimpleNamespace(flush=lambda: flushes.append(1)))
+
+    def batch(name, decode, extend_in_batch=False):
+        return SimpleNamespace(name=name, forward_mode=SimpleNamespace(is_decode=lambda: decode),
+                               is_extend_in_batch=extend_in_batch)
+
+    assert w.forward_batch_generation(batch("decode", True), "pub", "gb", pp_proxy_tensors="pp") == "result"
+    w.forward_batch_generation(batch("prefill", False), "pub")
+    w.forward_batch_generation(batch("mixed", True, extend_in_batch=True))
+    # a decode batch decides in _forward_decode (a no-draft step keeps the rows pending)
+    assert calls == [("decode", "pub", "gb", "pp", 0), ("prefill", "pub", None, None, 1),
+                     ("mixed", None, None, None, 2)]
+
+
 # ---------------------------------------------------------------- child-process checks
 @pytest.fixture(scope="module")
 def probe():
