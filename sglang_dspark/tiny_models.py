@@ -103,8 +103,8 @@ PRESETS = {
     # hidden 768: big enough that step time grows with verify tokens even on a CPU
     "bench": TinySpec(hidden_size=768, intermediate_size=3072, num_heads=12, num_kv_heads=4,
                       head_dim=64),
-    # bench's layers, 12 of them: the target's weights dominate a step, so a verify of a few
-    # tokens costs about what one token costs at one request and far more at 32 (issue 21)
+    # bench's layers, 12 of them: a larger target for the no-draft benchmark (issue 21); on
+    # this CPU a 5-token verify at one request still costs about 1.4x a 1-token decode
     "deep": TinySpec(hidden_size=768, intermediate_size=3072, num_heads=12, num_kv_heads=4,
                      head_dim=64, num_target_layers=12),
 }
