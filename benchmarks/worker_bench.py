@@ -171,10 +171,30 @@ def requests_for(level: int, target_tokens: int, max_new: int) -> int:
 
 
 def _sources(srv: SGLangServer) -> Counter:
+    """Counters of the server's own policy: steps per budget source, boundary checks, and
+    the no-draft gate's steps (``nd:drafted`` / ``nd:no_draft`` / ``nd:redraft``) and
+    switches (``nd:switch_off`` / ``nd:switch_on``: the on/off transitions)."""
     st = plugin_state(srv)
     c = Counter(st.get("budget_sources") or {})
     c["boundary_checks"] = int(st.get("boundary_checks") or 0)
+    gate = (st.get("no_draft") or {}).get("gate") or {}
+    for k, v in (gate.get("steps") or {}).items():
+        c[f"nd:{k}"] = int(v)
+    for k, v in (gate.get("switches") or {}).items():
+        c[f"nd:switch_{k}"] = int(v)
     return c
+
+
+def no_draft_share(sources: dict) -> dict | None:
+    """Share of an online server's decode steps that ran no draft, and its on/off
+    transitions, from a chunk's (or pooled chunks') ``sources`` counters."""
+    steps = {k: int(sources.get(f"nd:{k}", 0)) for k in ("drafted", "no_draft", "redraft")}
+    total = sum(steps.values())
+    if not total:
+        return None
+    return {"share": steps["no_draft"] / total, "steps": total,
+            "switches_off": int(sources.get("nd:switch_off", 0)),
+            "switches_on": int(sources.get("nd:switch_on", 0))}
 
 
 def run_chunk(srv: SGLangServer, name: str, lv: int, args, raw: dict, policy: str) -> None:
@@ -686,6 +706,14 @@ def print_report(report: dict) -> None:
                 parts += f" vs_best_fixed_xval={xv['ratio']:.3f}+-{2 * xv['se']:.3f} ({'/'.join(xv['picks'])})"
             bf = s["best_fixed"].get(lv, {}).get("config")
             print(f"target {ours:>10} c={lv:<3} {parts} (best fixed: {bf}) -> {'OK' if row['ok'] else 'MISSED'}")
+    for name in res:
+        if name not in OURS:
+            continue
+        cells = {lv: no_draft_share(res[name][lv].get("sources") or {}) for lv in levels}
+        if any(cells.values()):
+            print(f"no-draft steps of {name} (share of its decode steps; on/off transitions): " + "; ".join(
+                f"c={lv} {100 * c['share']:.0f}% of {c['steps']}, {c['switches_off']} off / {c['switches_on']} on"
+                for lv, c in cells.items() if c))
     for lv, c in (s.get("no_draft_vs_plain") or {}).items():
         cpu = c.get("cpu_seconds")
         print(f"no-draft steps (online_off) vs plain decoding c={lv:<3} {_fmt(c)}: a no-draft step costs "

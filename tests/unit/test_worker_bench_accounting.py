@@ -142,3 +142,14 @@ def test_cpu_seconds_ratio_and_the_no_draft_cost_line(wb):
     # a chunk without CPU seconds (an unreadable /proc) drops the CPU column, not the run
     res["nospec"][1] = wb.merge([run(100.0, None), run(100.0, 5.0)])
     assert "tok_per_cpu_s" not in res["nospec"][1] and wb.compare_cpu(res, "online_off", "nospec", 1) is None
+
+
+def test_no_draft_share_and_transitions_from_chunk_counters(wb):
+    # a chunk's counters are the difference of the server's gate counters around it
+    before = {"nd:drafted": 10, "nd:no_draft": 4, "nd:switch_off": 1}
+    after = {"nd:drafted": 16, "nd:no_draft": 22, "nd:redraft": 2, "nd:switch_off": 3, "nd:switch_on": 2}
+    from collections import Counter
+    chunk = dict(Counter(after) - Counter(before))
+    c = wb.no_draft_share(chunk)
+    assert c == {"share": 18 / 26, "steps": 26, "switches_off": 2, "switches_on": 2}
+    assert wb.no_draft_share({"local": 5}) is None      # a server without the gate
