@@ -199,12 +199,14 @@ class DSparkControlledWorker(DSparkWorkerV2):
         planner = self._online_planner
         drafting = (planner is None or self._null_proposer is None
                     or planner.step_draft(len(batch.reqs)))
+        if drafting and self._anchor_commit is not None:
+            # the draft reads the context the off steps built; outside this step's clock,
+            # so it is priced with the off steps (the gap after them), not this step
+            self._anchor_commit.flush()
         self._clock.start()
         self._feed_gap()
         try:
             if drafting:
-                if self._anchor_commit is not None:
-                    self._anchor_commit.flush()    # the draft reads the context the off steps built
                 result = super()._forward_decode(batch, on_publish, grammar_barrier,
                                                  coordination_plan=coordination_plan)
             else:

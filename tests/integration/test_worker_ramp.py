@@ -38,7 +38,11 @@ def test_budgets_fall_with_load_from_online_profile(bench_pair, monkeypatch):
                        env={"SGLANG_RAGGED_VERIFY_MODE": "compact",
                             "SGLANG_DSPARK_ENABLE_SPS_RECORD": "1",
                             "SGLANG_DSPARK_LOG_INTERVAL_S": "0",
-                            "SGLANG_DSPARK_LEARN_FORCED": "0"},
+                            "SGLANG_DSPARK_LEARN_FORCED": "0",
+                            # budgets only: SGLang records a no-draft step as budget 0, and
+                            # whether drafting pays at one request is the gate's call
+                            # (tests/integration/test_no_draft_*.py, the simulator's tests)
+                            "SGLANG_DSPARK_NO_DRAFT": "0"},
                        extra_args=["--max-running-requests", "32"])
     with srv:
         for c in (4, 16, 32, 1, 8):  # learning traffic
