@@ -394,7 +394,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pair", default="bench", choices=PAIRS,
                     help="tiny pair preset: bench (4 target layers) or deep (12 layers of the same "
-                         "width: drafting pays at one request and loses under load on a CPU)")
+                         "width, a larger target; on a 2-core CPU SGLang's profiler cannot make its "
+                         "table for 'upstream' at 32 requests within its 300 s round timeout)")
     ap.add_argument("--models", default="", help="pair folder (default artifacts/<pair>)")
     ap.add_argument("--levels", default="1,4,16,32")
     ap.add_argument("--tokens-per-chunk", type=int, default=256,
