@@ -44,6 +44,10 @@ Every chunk at a level serves the same prompts, so all chunks produce the same g
 tokens and differ only in how the verify budget was chosen.  Pinned chunks teach no
 profile (SGLANG_DSPARK_LEARN_FORCED=0): the online policy learns only from its own steps.
 
+``--levels`` is the order in which a round visits the levels, repeats allowed: ``--levels
+1,4,16,32,16,4`` makes each round a ramp up and down (the next round starts at 1 again), so
+the online servers adapt to a load that rises and falls; results are pooled per level.
+
 Ratios (``compare``): ours vs the fixed sweep (best fixed budget, verify-all = fixed@1) is a
 same-server ratio; ours vs upstream / the controller divides each server by its own
 reference chunk (same budget, same prompts), which removes the per-server offset; the
@@ -397,7 +401,9 @@ def main(argv=None) -> int:
                          "width, a larger target; on a 2-core CPU SGLang's profiler cannot make its "
                          "table for 'upstream' at 32 requests within its 300 s round timeout)")
     ap.add_argument("--models", default="", help="pair folder (default artifacts/<pair>)")
-    ap.add_argument("--levels", default="1,4,16,32")
+    ap.add_argument("--levels", default="1,4,16,32",
+                    help="concurrency levels in the order each round visits them; a level may repeat "
+                         "(a ramp: 1,4,16,32,16,4 visits 1 -> 32 -> 1 across rounds), results are per level")
     ap.add_argument("--tokens-per-chunk", type=int, default=256,
                     help="output tokens per measured chunk (whole waves, at least one)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -414,7 +420,13 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default="")
     ap.add_argument("--png", default="")
     args = ap.parse_args(argv)
-    levels = [int(x) for x in args.levels.split(",")]
+    try:
+        visits = [int(x) for x in args.levels.split(",")]
+    except ValueError:
+        raise SystemExit(f"--levels must be comma-separated integers, got {args.levels!r}") from None
+    if not visits or min(visits) < 1:
+        raise SystemExit("--levels must be concurrency levels >= 1")
+    levels = sorted(set(visits))     # reported per level; ``visits`` is the order of a round
     try:
         fracs = [float(x) for x in args.fixed_fracs.split(",")]
     except ValueError:
@@ -438,7 +450,7 @@ def main(argv=None) -> int:
     maxrun = ["--max-running-requests", str(max(levels))]
     meta = {"command": "python benchmarks/worker_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "date": time.strftime("%Y-%m-%d %H:%M"), "host": platform.node(), "cpus": os.cpu_count(),
-            "pair": args.pair, "levels": levels, "max_new_tokens": args.max_new_tokens, "tokens_per_chunk": args.tokens_per_chunk,
+            "pair": args.pair, "levels": levels, "visits": visits, "max_new_tokens": args.max_new_tokens, "tokens_per_chunk": args.tokens_per_chunk,
             "rounds": args.rounds, "warm_waves": args.warm_waves, "design": "interleaved+references",
             "ref_frac": REF_FRAC,
             "table": str(table), "load_avg_start": os.getloadavg()[0]}
@@ -463,7 +475,7 @@ def main(argv=None) -> int:
         names = list(servers)
         for rnd in range(args.rounds):
             print(f"[bench] round {rnd + 1}/{args.rounds}", flush=True)
-            for lv in levels:
+            for lv in visits:
                 for name in (names if rnd % 2 == 0 else names[::-1]):
                     plan = visit_plan(name, fracs, "fixed" in configs)
                     with servers[name] as s:

@@ -305,9 +305,11 @@ class DSparkControlledWorker(DSparkWorkerV2):
             rec.arm = self._online_planner.last_arm if budget is not None else None
             rec.pred_drafts = (self._policy.last_pred_drafts
                                if drafted and budget is not None and self._policy.last_source == "local" else None)
-            # on the uniform path every draft is verified (cap lens are not per-request there)
-            if self._compact and not uniform and drafted:
-                rec.verify_lens = self._host(getattr(result, "cap_lens", None))
+            # on the uniform path every draft is verified (cap lens are not per-request there):
+            # it calibrates the survival like a ragged step whose windows hold every draft
+            if self._compact and drafted:
+                if not uniform:
+                    rec.verify_lens = self._host(getattr(result, "cap_lens", None))
                 if budget is not None and self._online_planner is not None:
                     rec.survival = self._policy.last_survival   # what this step's decision read
             self._policy.last_survival = None
@@ -355,8 +357,11 @@ class DSparkControlledWorker(DSparkWorkerV2):
         if not rec.drafted:
             self._policy.observe_off_step(rec.num_requests, rec.step_time_s)
         else:
+            verified = rec.verify_lens
+            if verified is None and rec.uniform and rec.accepted_lens is not None:
+                verified = [int(self.verify_num_draft_tokens) - 1] * len(rec.accepted_lens)
             self._policy.observe_step(survival=rec.survival, accepted=rec.accepted_lens,
-                                      verified=rec.verify_lens, pred_drafts=rec.pred_drafts, uniform=rec.uniform,
+                                      verified=verified, pred_drafts=rec.pred_drafts, uniform=rec.uniform,
                                       step_s=rec.step_time_s)
 
     def _feed_stats(self, rec) -> None:

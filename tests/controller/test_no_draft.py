@@ -202,3 +202,38 @@ def test_gate_prices_per_period_so_the_schedulers_gap_between_steps_counts():
         assert pol.off_probes > 0
         outcomes[with_gaps] = pol.gate.off
     assert outcomes == {False: True, True: False}, outcomes
+
+
+def test_gate_measures_the_full_budget_before_a_profile_extrapolation_switches_drafting_off():
+    # the deep tiny pair at 16 requests (docs/benchmarks.md): a young profile fitted on small
+    # budgets prices a step in proportion to its batch tokens, so its plan is budget 0 and
+    # drafting looks 5x dearer at the full budget than it is; every draft is accepted and a
+    # full-budget step (the uniform path, 0.45 s) beats plain decoding (0.156 s per token)
+    from dspark_controller.core.strategies import UniformTimes, learn_step_time
+
+    R, gamma = 16, 4
+    survival = np.cumprod(np.full((R, gamma), 0.92), axis=1)
+    true_ragged = lambda b: 0.156 + 0.02 * (b - R)       # noqa: E731
+    outcomes = {}
+    for measure in (0, 2):
+        m = _model(draft_s=0.0, per_token_s=0.013, fixed_s=0.0)
+        times = UniformTimes(m)
+        pol = BudgetPolicy(local_model=m, uniform_step_time=times.get,
+                           config=PolicyConfig(explore=False, probe=False, measure_full_steps=measure))
+        full_steps = 0
+        for _ in range(300):
+            if not pol.draft_step(R):
+                pol.observe_off_step(R, 0.156)
+                continue
+            d = pol.decide(survival, max_len=gamma)
+            uniform = d.budget >= R * gamma
+            acc = [gamma] * R if uniform else [min(gamma, d.budget // R)] * R
+            step_s = 0.45 if uniform else true_ragged(R + sum(acc))
+            full_steps += uniform
+            pol.observe_step(survival=survival, accepted=acc, verified=acc,
+                             pred_drafts=pol.last_pred_drafts, uniform=uniform, step_s=step_s)
+            learn_step_time(m, times, pol, num_req=R, batch_tokens=R + sum(acc), step_s=step_s, uniform=uniform)
+        outcomes[measure] = (pol.gate.off, full_steps, pol.sources["measure"])
+    assert outcomes[0][0], outcomes          # without the measurement: off on the guess
+    off, full_steps, measured = outcomes[2]
+    assert not off and measured == 2 and full_steps > 250, outcomes

@@ -153,3 +153,9 @@ def test_no_draft_share_and_transitions_from_chunk_counters(wb):
     c = wb.no_draft_share(chunk)
     assert c == {"share": 18 / 26, "steps": 26, "switches_off": 2, "switches_on": 2}
     assert wb.no_draft_share({"local": 5}) is None      # a server without the gate
+
+
+@pytest.mark.parametrize("levels", ["0,4", "1,x", ""])
+def test_levels_are_checked_before_anything_starts(wb, levels):
+    with pytest.raises(SystemExit, match="--levels"):
+        wb.main(["--levels", levels])

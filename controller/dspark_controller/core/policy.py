@@ -19,7 +19,8 @@ Call order per step (the worker and the simulator both follow it):
 
 Sources of K, in order (``last_source``): exploration (``explore``), a fresh controller
 decision (``controller``), the local online profile (``local``, or ``probe`` when the
-probe strategy moves it); None otherwise.
+probe strategy moves it, or ``measure`` when the full budget is measured before an off
+vote); None otherwise.
 
 Strategies, each with its constants in :class:`PolicyConfig` and an off switch:
 
@@ -39,6 +40,9 @@ Strategies, each with its constants in :class:`PolicyConfig` and an off switch:
   expected tokens/s, and a :class:`.no_draft.DraftGate` with hysteresis turns the votes
   into drafting or not; off steps are also run on a small share of steps to measure
   their time where it is unknown (``off_probe_prob_unknown``) or known (``off_probe_prob``).
+  Drafting is priced by the plan times what such steps realised over what they predicted,
+  and no vote for off is cast at an R before ``measure_full_steps`` full-budget steps ran
+  there (the budget a profile fitted on smaller ones extrapolates furthest).
 
 An ablation is a config change: ``PolicyConfig(probe=False)`` etc.
 
@@ -49,6 +53,7 @@ private RNG and past outcomes) exists before the current step's draft tokens are
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from collections import Counter
 from dataclasses import dataclass
@@ -56,15 +61,20 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from dspark_controller.core.no_draft import DraftGate, GateConfig, OffTimes, StepGaps, per_period
+from dspark_controller.core.no_draft import DraftGate, GateConfig, OffTimes, StepGaps, off_wins, per_period
 from dspark_controller.core.method import (clean_survival, clip01, compute_lagged_budget, lagged_budget_fast, survival_to_confidences)
 from dspark_controller.core.strategies import (PROBE_PROB, PROBE_STEP, AdmissionGain, _operator_pinned, admitted_theta, budget_from_controller, controller_allows_uniform, explore_budget, explore_now, local_theta, prefer_uniform, probe_budget, uniform_throughput)
 
 __all__ = ["PolicyConfig", "Decision", "SurvivalCalibrator", "BudgetPolicy"]
 
-REALISED_EMA = 0.2       # weight of a drafted step in its R's realised tokens/s
-REALISED_MIN = 3         # steps at an R before its realised tokens/s replaces the prediction
-REALISED_DECAY = 0.99    # forgetting of the realised-over-predicted sums
+REALISED_MIN = 3         # steps at an R before its own realised-over-predicted ratio is used
+REALISED_DECAY_R = 0.9   # forgetting of an R's realised-over-predicted sums (per step at that R)
+REALISED_DECAY = 0.99    # forgetting of the realised-over-predicted sums over all R
+
+
+def _load_bucket(num_req: int) -> int:
+    """Request counts within about 19% of each other share a bucket (4 per doubling)."""
+    return int(round(4.0 * math.log2(max(int(num_req), 1))))
 
 
 @dataclass(frozen=True)
@@ -97,6 +107,7 @@ class PolicyConfig:
     gate: GateConfig = GateConfig()
     off_probe_prob_unknown: float = 0.03
     off_probe_prob: float = 0.005
+    measure_full_steps: int = 2         # full-budget steps at an R before its first off vote
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -107,6 +118,8 @@ class PolicyConfig:
                 raise ValueError(f"PolicyConfig.{name} must be in [0, 1], got {v!r}")
         if not self.decision_max_age_s > 0:
             raise ValueError(f"PolicyConfig.decision_max_age_s must be > 0, got {self.decision_max_age_s!r}")
+        if int(self.measure_full_steps) < 0:
+            raise ValueError(f"PolicyConfig.measure_full_steps must be >= 0, got {self.measure_full_steps!r}")
 
     def with_fixed_exploration(self, p: float) -> "PolicyConfig":
         """A fixed share ``p`` of steps explores, replacing the young/settled schedule."""
@@ -237,9 +250,10 @@ class BudgetPolicy:
         self.off_probes = 0
         self._known_row: Optional[np.ndarray] = None
         self.operator_pin: Optional[bool] = None   # True: always draft, False: never (None: the policy)
-        # what the local plans' drafted steps realised: tokens/s per R (EMA) and, over all R,
-        # realised vs predicted (forgotten sums), so the gate prices drafting by outcomes
-        self._realised: dict[int, list] = {}     # R -> [tokens EMA, seconds EMA, steps]
+        # what the local plans' drafted steps realised against what they predicted, per R and
+        # over all R (forgotten sums), so the gate prices drafting by outcomes
+        self._realised: dict[int, list] = {}     # R -> [realised tokens/s, predicted tokens/s, steps]
+        self._full_measured: Counter = Counter()  # load bucket -> full-budget steps run before an off vote
         self.step_gaps = StepGaps()      # the scheduler's host time per step (period pricing)
         self._real_vs_pred = [0.0, 0.0]
         self._pending_theta: Optional[float] = None
@@ -313,29 +327,31 @@ class BudgetPolicy:
 
     def realised_theta(self, num_req: int, predicted: Optional[float],
                        predicted_step_s: Optional[float] = None) -> Optional[float]:
-        """Drafting's tokens/s at ``num_req`` per period (step plus the scheduler's gap):
-        as the local plans' steps realised it (EMAs of their tokens and seconds, at least
-        ``REALISED_MIN`` steps at this R), else ``predicted`` (a step of
-        ``predicted_step_s``) scaled by realised over predicted across all R."""
+        """Drafting's tokens/s at ``num_req`` per period (step plus the scheduler's gap): the
+        plan's ``predicted`` tokens/s (a step of ``predicted_step_s``) times what the local
+        plans' steps realised over what they predicted, at this R once it has
+        ``REALISED_MIN`` such steps, else over all R.  A ratio, not the realised tokens/s
+        itself: those describe the budgets that ran, and a plan that under-drafted would
+        otherwise price every budget by its own shortfall."""
+        if predicted is None:
+            return None
         gap = self.step_gaps.get(num_req, drafted=True)
         e = self._realised.get(int(num_req))
-        if e is not None and e[2] >= REALISED_MIN:
-            return per_period(e[0] / e[1], e[1], gap)
-        real, pred = self._real_vs_pred
-        if predicted is None or pred <= 0:
-            return per_period(predicted, predicted_step_s, gap)
-        return per_period(float(predicted) * real / pred, predicted_step_s, gap)
+        real, pred = (e[0], e[1]) if e is not None and e[2] >= REALISED_MIN else self._real_vs_pred
+        ratio = real / pred if pred > 0 else 1.0
+        return per_period(float(predicted) * ratio, predicted_step_s, gap)
 
     def _observe_realised(self, num_req: int, tokens: int, step_s: float) -> None:
+        pending = self._pending_theta
+        if pending is None or not pending > 0:
+            return
         theta = tokens / step_s
-        e = self._realised.setdefault(int(num_req), [float(tokens), float(step_s), 0])
-        if e[2]:
-            e[0] += REALISED_EMA * (tokens - e[0])
-            e[1] += REALISED_EMA * (step_s - e[1])
+        e = self._realised.setdefault(int(num_req), [0.0, 0.0, 0])
+        e[0] = e[0] * REALISED_DECAY_R + theta
+        e[1] = e[1] * REALISED_DECAY_R + pending
         e[2] += 1
-        if self._pending_theta is not None and self._pending_theta > 0:
-            self._real_vs_pred[0] = self._real_vs_pred[0] * REALISED_DECAY + theta
-            self._real_vs_pred[1] = self._real_vs_pred[1] * REALISED_DECAY + self._pending_theta
+        self._real_vs_pred[0] = self._real_vs_pred[0] * REALISED_DECAY + theta
+        self._real_vs_pred[1] = self._real_vs_pred[1] * REALISED_DECAY + pending
 
     def _admitted(self, d: Decision, planned: Decision, num_req: int, full: int) -> Optional[float]:
         """``d``'s expected tokens/s with its drafts scaled by the admission gain; ``d`` is
@@ -346,16 +362,34 @@ class BudgetPolicy:
         return admitted_theta(d.predicted_theta, d.predicted_step_seconds, num_req=num_req,
                               factor=self.admission.factor(uniform=d.budget >= full))
 
-    def _vote(self, d: Decision, planned: Decision, survival: np.ndarray, num_req: int, full: int) -> None:
-        """A local plan's verdict on plain decoding (priced by what such steps realised),
-        and what it knew of the drafts."""
-        self._known_row = survival.mean(axis=0)
+    def _prices(self, d: Decision, planned: Decision, num_req: int, full: int) -> tuple:
+        """(drafting's tokens/s for ``d``, priced by what such steps realised; plain
+        decoding's), per period; either None when unknown."""
         predicted = self._admitted(d, planned, num_req, full)
         self._pending_theta = predicted
+        return (self.realised_theta(num_req, predicted, d.predicted_step_seconds),
+                self.off_throughput(num_req))
+
+    def _measure_full_first(self, d: Decision, prices: tuple, num_req: int, full: int) -> bool:
+        """Run this step at the full budget instead of voting: the plan prices drafting below
+        plain decoding, and no full-budget step has been measured at this load yet
+        (``measure_full_steps`` per :func:`_load_bucket`).  The full budget is the one a profile fitted on smaller
+        budgets extrapolates furthest; the gate must not stop drafting on that guess."""
+        gate, cfg = self.gate, self.config
+        bucket = _load_bucket(num_req)
+        if (gate is None or gate.pinned is not None or d.budget >= full
+                or self._full_measured[bucket] >= cfg.measure_full_steps):
+            return False
+        if not off_wins(prices[0], prices[1], best_budget=d.budget, margin=gate.config.off_margin):
+            return False
+        self._full_measured[bucket] += 1
+        self._pending_theta = None
+        return True
+
+    def _vote(self, d: Decision, prices: tuple, num_req: int) -> None:
+        """A local plan's verdict on plain decoding (priced by what such steps realised)."""
         if self.gate is not None:
-            self.gate.vote(theta_on=self.realised_theta(num_req, predicted, d.predicted_step_seconds),
-                           theta_off=self.off_throughput(num_req),
-                           best_budget=int(d.budget), num_req=num_req)
+            self.gate.vote(theta_on=prices[0], theta_off=prices[1], best_budget=int(d.budget), num_req=num_req)
 
     # ------------------------------------------------------------------ decide
     def calibrated(self, raw: np.ndarray, max_len: int) -> np.ndarray:
@@ -396,7 +430,11 @@ class BudgetPolicy:
             return None
         planned = self._argmax(survival, model.sps_function(num_req))
         d = self._uniform_if_better(planned, survival, num_req, full, admitted=True)
-        self._vote(d, planned, survival, num_req, full)
+        self._known_row = survival.mean(axis=0)     # what the policy last knew of the drafts
+        prices = self._prices(d, planned, num_req, full)
+        if self._measure_full_first(d, prices, num_req, full):
+            return self._note("measure", Decision(budget=full))
+        self._vote(d, prices, num_req)
         if cfg.probe:
             k2 = probe_budget(int(d.budget), full=full, rng=self._rng, prob=cfg.probe_prob, step=cfg.probe_step)
             if k2 is not None:      # a neighbouring budget, so the row's slope is its own

@@ -347,10 +347,10 @@ class OnlinePolicy(Policy):
 
     def _learn(self, R: int, B: int, t: float, accepted: np.ndarray, lengths: np.ndarray, uniform: bool) -> None:
         """What the worker's telemetry hook does with a finished step (the same calls): the
-        policy's calibration and admission gain (a uniform-path step has no per-request
-        verify lengths in the worker, so it does not calibrate), then the step time."""
+        policy's calibration and admission gain (a uniform-path step verifies every draft),
+        then the step time."""
         survival, pred = self._last if self._last is not None else (None, None)
-        self.brain.observe_step(survival=None if uniform else survival, accepted=[int(x) for x in accepted],
+        self.brain.observe_step(survival=survival, accepted=[int(x) for x in accepted],
                                 verified=[int(x) for x in lengths], pred_drafts=pred, uniform=uniform,
                                 step_s=t)
         learn_step_time(self.model, self.uniform_s, self.brain, num_req=R, batch_tokens=B, step_s=t,
