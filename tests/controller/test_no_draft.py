@@ -237,3 +237,17 @@ def test_gate_measures_the_full_budget_before_a_profile_extrapolation_switches_d
     assert outcomes[0][0], outcomes          # without the measurement: off on the guess
     off, full_steps, measured = outcomes[2]
     assert not off and measured == 2 and full_steps > 250, outcomes
+
+
+def test_an_off_time_taken_against_a_much_younger_profile_reads_as_unmeasured():
+    m = _model()                                  # 3,000 steps
+    t = OffTimes(m)
+    t.observe_off(8, 0.02)
+    assert t.get(8) == pytest.approx(0.02) and t.get(12) is not None
+    rng = np.random.default_rng(2)
+    for _ in range((OffTimes.STALE_GROWTH - 1) * m.steps):
+        r = int(rng.integers(1, 33))
+        m.update(r, r + int(rng.integers(0, 4 * r + 1)), 0.014 + 0.001 * r)
+    assert t.get(8) is None and t.get(12) is None     # stale: the off probes measure it again
+    t.observe_off(8, 0.02)
+    assert t.get(8) == pytest.approx(0.02)

@@ -85,24 +85,47 @@ class OffTimes(UniformTimes):
 
     Stored like :class:`~dspark_controller.core.strategies.UniformTimes` (as a ratio to the
     profile's prediction for ``R`` requests and ``B = R`` batch tokens once it is ready, so
-    the time follows the machine's drift); an ``R`` never measured is read from the
-    nearest measured ``R``'s ratio times the prediction at ``(R, R)``."""
+    the time follows the machine's drift); an ``R`` never measured is read from the nearest
+    measured ``R``'s ratio times the prediction at ``(R, R)``.  A ratio taken against a
+    profile that has since seen ``STALE_GROWTH`` times as many steps is stale (the profile's
+    shape moved under it, not the machine: on the ``deep`` pair a ratio from the warm-up
+    read a 4-request no-draft step as 193 ms where it took about 60) and reads as unmeasured,
+    so the policy's off probes measure it again."""
+
+    STALE_GROWTH = 4
+
+    def __init__(self, model=None) -> None:
+        super().__init__(model)
+        self._steps_at: dict[int, int] = {}     # R -> the profile's step count at the last sample
 
     def observe_off(self, num_req: int, step_s: float) -> None:
-        self.observe(num_req, step_s, batch_tokens=int(num_req))
+        r = int(num_req)
+        if not step_s > 0:
+            return
+        if r in self.base and not self._fresh(r):
+            del self.base[r]          # a stale ratio is replaced, not averaged in
+        self.observe(r, step_s, batch_tokens=r)
+        self._steps_at[r] = int(getattr(self.model, "steps", 0) or 0)
+
+    def _fresh(self, r: int) -> bool:
+        e = self.base.get(r)
+        if e is None:
+            return False
+        if not e[2]:
+            return True
+        steps = int(getattr(self.model, "steps", 0) or 0)
+        return steps < self.STALE_GROWTH * max(self._steps_at.get(r, 0), 1)
 
     def get(self, num_req: int) -> Optional[float]:
         r = int(num_req)
-        t = super().get(r)
-        if t is not None or not self.base:
-            return t
-        ratios = [(abs(k - r), k) for k, e in self.base.items() if e[2]]
+        if self._fresh(r):
+            return super().get(r)
+        ratios = [(abs(k - r), k) for k, e in self.base.items() if e[2] and k != r and self._fresh(k)]
         if not ratios:
             return None
         near = min(ratios)[1]
         pred = self._pred(r, r)
         return None if pred is None else self.base[near][0] * pred
-
 
 class StepGaps:
     """The host time between a decode step's end and the next step's start, per kind of
