@@ -215,7 +215,7 @@ def test_gate_measures_the_full_budget_before_a_profile_extrapolation_switches_d
     survival = np.cumprod(np.full((R, gamma), 0.92), axis=1)
     true_ragged = lambda b: 0.156 + 0.02 * (b - R)       # noqa: E731
     outcomes = {}
-    for measure in (0, 2):
+    for measure in (0, PolicyConfig().measure_full_steps):
         m = _model(draft_s=0.0, per_token_s=0.013, fixed_s=0.0)
         times = UniformTimes(m)
         pol = BudgetPolicy(local_model=m, uniform_step_time=times.get,
@@ -235,8 +235,8 @@ def test_gate_measures_the_full_budget_before_a_profile_extrapolation_switches_d
             learn_step_time(m, times, pol, num_req=R, batch_tokens=R + sum(acc), step_s=step_s, uniform=uniform)
         outcomes[measure] = (pol.gate.off, full_steps, pol.sources["measure"])
     assert outcomes[0][0], outcomes          # without the measurement: off on the guess
-    off, full_steps, measured = outcomes[2]
-    assert not off and measured == 2 and full_steps > 250, outcomes
+    off, full_steps, measured = outcomes[PolicyConfig().measure_full_steps]
+    assert not off and measured == PolicyConfig().measure_full_steps and full_steps > 250, outcomes
 
 
 def test_an_off_time_taken_against_a_much_younger_profile_reads_as_unmeasured():

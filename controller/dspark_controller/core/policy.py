@@ -107,7 +107,7 @@ class PolicyConfig:
     gate: GateConfig = GateConfig()
     off_probe_prob_unknown: float = 0.03
     off_probe_prob: float = 0.005
-    measure_full_steps: int = 2         # full-budget steps at an R before its first off vote
+    measure_full_steps: int = 1         # full-budget steps at a load before its first off vote there
     seed: int = 0
 
     def __post_init__(self) -> None:
