@@ -251,3 +251,27 @@ def test_an_off_time_taken_against_a_much_younger_profile_reads_as_unmeasured():
     assert t.get(8) is None and t.get(12) is None     # stale: the off probes measure it again
     t.observe_off(8, 0.02)
     assert t.get(8) == pytest.approx(0.02)
+
+
+def test_the_dwell_is_waived_once_the_load_has_moved_away_from_the_last_switch():
+    cfg = GateConfig(confirm=2, min_dwell=16, load_drop=0.75)
+    g = DraftGate(cfg)
+    off = dict(theta_on=100.0, theta_off=200.0, best_budget=2)
+    for _ in range(2):
+        g.draft(16)
+        g.vote(num_req=16, **off)
+    assert g.off
+    g.draft(16)
+    g.vote_back(300.0, 200.0, 15)          # same load, within the dwell: stays off
+    assert g.off
+    g.draft(4)                              # the load fell (a re-draft step): on at once
+    g.vote_back(300.0, 200.0, 4)
+    assert not g.off and g.switches["on"] == 1
+    for r in (4, 4):                        # back at that load: off votes wait for the dwell
+        g.draft(r)
+        g.vote(num_req=r, **off)
+    assert not g.off
+    for _ in range(2):                      # the load rose past 4 / 0.75: off after confirm votes
+        g.draft(16)
+        g.vote(num_req=16, **off)
+    assert g.off and g.switches["off"] == 2

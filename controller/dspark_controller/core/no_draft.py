@@ -16,6 +16,8 @@ choice never flaps (the failure of a batch-size-keyed switch, vLLM #49548):
   budget is 0);
 * off -> on when the drafted plan, priced on what the policy last knew of the drafts
   (their survival at the last drafted step), wins by ``on_margin``, after ``min_dwell``;
+* the dwell is waived once the load has left the band ``[load_drop, 1 / load_drop]``
+  times the load at the last switch: that switch was decided for another load;
 * while off, a *re-draft* burst of ``redraft_len`` drafted steps after ``redraft_every``
   off steps, the interval doubling after each burst that kept drafting off (up to
   ``redraft_max``), and at once when the load falls below ``load_drop`` of the load at
@@ -196,6 +198,7 @@ class DraftGate:
         self.redraft_interval = config.redraft_every   # off steps before the next burst
         self.redraft_left = 0            # drafted steps left in the current burst
         self.off_at_requests = 0         # R when drafting stopped
+        self.switch_at_requests = 0      # R at the last switch (0: none yet)
         self.pinned: Optional[bool] = None   # an operator's "draft" (True) / "no draft" (False)
         # counters (observability)
         self.switches = {"off": 0, "on": 0}
@@ -236,10 +239,14 @@ class DraftGate:
         self.last_kind = "no_draft"
         self.steps["no_draft"] += 1
 
-    @property
-    def may_switch(self) -> bool:
-        """The dwell since the last switch is over (a vote may switch now)."""
-        return self.since_switch >= self.config.min_dwell
+    def may_switch(self, num_req: int) -> bool:
+        """A vote may switch now: the dwell since the last switch is over, or the load has
+        moved past ``load_drop`` of (or above ``1 / load_drop`` times) the load at that
+        switch, which was decided for another load."""
+        if self.since_switch >= self.config.min_dwell:
+            return True
+        at, r, f = self.switch_at_requests, int(num_req), self.config.load_drop
+        return at > 0 and f < 1.0 and (r < f * at or r * f > at)
 
     def vote(self, *, theta_on: Optional[float], theta_off: Optional[float], best_budget: int,
              num_req: int) -> None:
@@ -252,7 +259,7 @@ class DraftGate:
             return
         off_better = off_wins(theta_on, theta_off, best_budget=best_budget, margin=cfg.off_margin)
         self.off_votes = self.off_votes + 1 if off_better else 0
-        if self.off_votes >= cfg.confirm and self.may_switch:
+        if self.off_votes >= cfg.confirm and self.may_switch(num_req):
             self._switch(True, num_req)
 
     def vote_back(self, theta_on: Optional[float], theta_off: Optional[float], num_req: int) -> None:
@@ -260,7 +267,7 @@ class DraftGate:
         no-draft throughput by ``on_margin``."""
         if not self.off or theta_on is None or theta_off is None:
             return
-        if float(theta_on) > float(theta_off) * (1.0 + self.config.on_margin) and self.may_switch:
+        if float(theta_on) > float(theta_off) * (1.0 + self.config.on_margin) and self.may_switch(num_req):
             self._switch(False, num_req)
 
     def _switch(self, off: bool, num_req: int) -> None:
@@ -271,6 +278,7 @@ class DraftGate:
         self.redraft_left = 0
         self.redraft_interval = self.config.redraft_every
         self.off_at_requests = int(num_req) if off else 0
+        self.switch_at_requests = int(num_req)
         self.switches["off" if off else "on"] += 1
 
     def summary(self) -> dict:

@@ -308,7 +308,7 @@ class BudgetPolicy:
             return
         self.off_times.observe_off(num_req, step_s)
         gate = self.gate
-        if gate is not None and gate.off and gate.pinned is None and gate.may_switch:
+        if gate is not None and gate.off and gate.pinned is None and gate.may_switch(num_req):
             gate.vote_back(self.known_theta(num_req), self.off_throughput(num_req), num_req)
 
     def known_theta(self, num_req: int) -> Optional[float]:
