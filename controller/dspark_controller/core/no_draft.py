@@ -107,7 +107,10 @@ class OffTimes(UniformTimes):
         if r in self.base and not self._fresh(r):
             del self.base[r]          # a stale ratio is replaced, not averaged in
         self.observe(r, step_s, batch_tokens=r)
-        self._steps_at[r] = int(getattr(self.model, "steps", 0) or 0)
+        self._steps_at[r] = self._model_steps()
+
+    def _model_steps(self) -> int:
+        return int(getattr(self.model, "steps", 0) or 0)
 
     def _fresh(self, r: int) -> bool:
         e = self.base.get(r)
@@ -115,8 +118,7 @@ class OffTimes(UniformTimes):
             return False
         if not e[2]:
             return True
-        steps = int(getattr(self.model, "steps", 0) or 0)
-        return steps < self.STALE_GROWTH * max(self._steps_at.get(r, 0), 1)
+        return self._model_steps() < self.STALE_GROWTH * max(self._steps_at.get(r, 0), 1)
 
     def get(self, num_req: int) -> Optional[float]:
         r = int(num_req)
@@ -128,6 +130,7 @@ class OffTimes(UniformTimes):
         near = min(ratios)[1]
         pred = self._pred(r, r)
         return None if pred is None else self.base[near][0] * pred
+
 
 class StepGaps:
     """The host time between a decode step's end and the next step's start, per kind of

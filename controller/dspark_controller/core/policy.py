@@ -41,8 +41,8 @@ Strategies, each with its constants in :class:`PolicyConfig` and an off switch:
   into drafting or not; off steps are also run on a small share of steps to measure
   their time where it is unknown (``off_probe_prob_unknown``) or known (``off_probe_prob``).
   Drafting is priced by the plan times what such steps realised over what they predicted,
-  and no vote for off is cast at an R before ``measure_full_steps`` full-budget steps ran
-  there (the budget a profile fitted on smaller ones extrapolates furthest).
+  and no vote for off is cast at a load before ``measure_full_steps`` full-budget steps
+  ran there (the budget a profile fitted on smaller ones extrapolates furthest).
 
 An ablation is a config change: ``PolicyConfig(probe=False)`` etc.
 
@@ -372,8 +372,8 @@ class BudgetPolicy:
 
     def _measure_full_first(self, d: Decision, prices: tuple, num_req: int, full: int) -> bool:
         """Run this step at the full budget instead of voting: the plan prices drafting below
-        plain decoding, and no full-budget step has been measured at this load yet
-        (``measure_full_steps`` per :func:`_load_bucket`).  The full budget is the one a profile fitted on smaller
+        plain decoding, and fewer than ``measure_full_steps`` full-budget steps ran at this
+        load (:func:`_load_bucket`).  The full budget is the one a profile fitted on smaller
         budgets extrapolates furthest; the gate must not stop drafting on that guess."""
         gate, cfg = self.gate, self.config
         bucket = _load_bucket(num_req)
