@@ -34,10 +34,12 @@ import torch
 from sglang.srt.speculative.dspark_components.dspark_draft import (
     DraftBlockResult,
     DraftProposal,
+    make_next_draft_input,
     resolve_draft_params,
 )
+from sglang.srt.speculative.dspark_components.dspark_verify import verify_logits_adjustments_are_noop
 
-__all__ = ["NullProposer", "AnchorCommit", "DecodeForward", "anchor_slots_mapped",
+__all__ = ["NullProposer", "AnchorCommit", "DecodeForward", "PlainDecodeStep", "anchor_slots_mapped",
            "publish_without_confidence", "no_draft_refusal"]
 
 logger = logging.getLogger(__name__)
@@ -136,11 +138,17 @@ class AnchorCommit:
                                  verify_window=verify_window, logits_output=logits_output,
                                  commit_lens=commit_lens, bs=bs, run_compact=run_compact)
         stride = int(verify_window.verify_cache_loc_2d.shape[1])
-        # copies: the verify's buffers are rewritten by the next step
-        hidden = hidden_strided.view(bs, stride, -1)[:, 0].clone()
+        self.keep(hidden_strided.view(bs, stride, -1)[:, 0], verify_window)
+
+    def keep(self, hidden: torch.Tensor, verify_window) -> None:
+        """Keep one no-draft step's anchor rows: ``hidden`` (one target hidden row per
+        request) and the first column of ``verify_window`` (the anchors' slots and
+        positions); flush once ``max_rows`` wait."""
+        bs = int(hidden.shape[0])
+        stride = int(verify_window.verify_cache_loc_2d.shape[1])
+        # copies: the step's buffers are rewritten by the next step
         cache_loc = self.injector.ids_for(verify_window.kv_loc_plan).view(bs, stride)[:, 0].clone()
-        positions = verify_window.positions_2d[:, 0].clone()
-        self._pending.append((hidden, cache_loc, positions))
+        self._pending.append((hidden.clone(), cache_loc, verify_window.positions_2d[:, 0].clone()))
         self._rows += bs
         self.steps += 1
         if self._rows >= self.max_rows:
@@ -249,33 +257,46 @@ class DecodeForward:
                           "keeps the one-token verify")
         return cls(executor), ""
 
-    def _usable(self, runner, batch, ragged_window) -> bool:
-        """False once the first step found the anchors' slots unmapped (checked once)."""
+    def usable(self, batch, cache_loc) -> bool:
+        """False once the first step found the anchors' slots (``cache_loc``, one per
+        request) unmapped in ``req_to_token`` (checked once)."""
         if not self._checked:
             self._checked = True
+            runner = self.executor.target_worker.model_runner
             if not anchor_slots_mapped(runner.req_to_token_pool.req_to_token, batch.req_pool_indices,
-                                       batch.seq_lens, ragged_window.verify_cache_loc):
+                                       batch.seq_lens, cache_loc):
                 self.dropped = "req_to_token does not map the anchors' verify slots"
                 logger.warning("sglang-dspark: no-draft steps verify one token per request instead of "
                                "a decode forward: %s", self.dropped)
         return not self.dropped
 
     def __call__(self, *, batch, layout, ragged_window, sampling_info, kv_loc_plan):
-        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+        """The verify executor's ``_run_ragged`` for one no-draft step."""
         from sglang.srt.speculative.dspark_components.dspark_verify import TargetVerifyResult
 
-        runner = self.executor.target_worker.model_runner
-        if not self._usable(runner, batch, ragged_window):     # SGLang's one-token verify
+        if not self.usable(batch, ragged_window.verify_cache_loc):     # SGLang's one-token verify
             return type(self.executor)._run_ragged(self.executor, batch=batch, layout=layout,
                                                    ragged_window=ragged_window,
                                                    sampling_info=sampling_info, kv_loc_plan=kv_loc_plan)
+        out = self.forward(batch, ids=ragged_window.verify_ids, cache_loc=ragged_window.verify_cache_loc,
+                           kv_loc_plan=kv_loc_plan, write_cols=ragged_window.window_index, sample=False)
+        return TargetVerifyResult(logits_output=out.logits_output, can_run_cuda_graph=False)
+
+    def forward(self, batch, *, ids, cache_loc, kv_loc_plan, write_cols, sample: bool):
+        """SGLang's decode forward of ``ids`` (one token per request, written at
+        ``cache_loc``: the ``write_cols`` of ``kv_loc_plan``), target hidden states
+        captured; with ``sample`` SGLang's ordinary sampler also draws ``next_token_ids``.
+        ``batch`` is left as it was."""
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+
+        runner = self.executor.target_worker.model_runner
         fields = ("input_ids", "spec_info", "forward_mode", "out_cache_loc", "seq_lens",
                   "seq_lens_cpu", "seq_lens_sum")
         saved = [getattr(batch, f) for f in fields]
         try:
             bs = int(batch.seq_lens.shape[0])
-            batch.input_ids = ragged_window.verify_ids        # the anchors (budget 0)
-            batch.out_cache_loc = ragged_window.verify_cache_loc
+            batch.input_ids = ids
+            batch.out_cache_loc = cache_loc
             batch.forward_mode = ForwardMode.DECODE
             batch.spec_info = None
             batch.seq_lens = batch.seq_lens + 1               # a decode step's lengths count its token
@@ -286,11 +307,104 @@ class DecodeForward:
             forward_batch = ForwardBatch.init_new(
                 batch, runner, capture_hidden_mode=CaptureHiddenMode.FULL,
                 return_hidden_states_before_norm=False, kv_loc_plan=kv_loc_plan,
-                write_cols=ragged_window.window_index)
+                write_cols=write_cols)
             out = self.executor.target_worker.forward_batch_generation(
-                batch=None, forward_batch=forward_batch, is_verify=True)
+                batch=None, forward_batch=forward_batch, is_verify=not sample)
         finally:
             for f, v in zip(fields, saved):
                 setattr(batch, f, v)
         self.steps += 1
-        return TargetVerifyResult(logits_output=out.logits_output, can_run_cuda_graph=False)
+        return out
+
+
+class PlainDecodeStep:
+    """A whole compact no-draft step as plain decoding, without SGLang's verify.
+
+    Where :class:`DecodeForward` runs (an eager CPU target) a compact no-draft step is a
+    decode step: SGLang's decode forward of the anchors and SGLang's ordinary sampler (the
+    one non-speculative decoding runs: same logits, same temperature / top-k / top-p /
+    min-p handling), so the token committed is the target's own sample, as a verify that
+    admits no draft emits.  What remains of SGLang's speculative step is what the next
+    step needs: the verify window's slots and positions (``alloc_verify_window``: the
+    anchor is written where the verify would write it), the anchors' hidden rows kept for
+    :class:`AnchorCommit`, the published lengths, and a result of one token per request
+    (``accept_lens`` 1, output stride 1) with the next draft input.  SGLang's proposer,
+    verify layout, compact-to-strided scatter and acceptance do not run.
+
+    Steps that need SGLang's verify keep the verify route (:meth:`usable`): a grammar,
+    logprobs, hidden states returned, logits adjustments (penalties, logit bias, custom
+    processors), a draft pool whose commit SGLang routes elsewhere; and, for the server's
+    life (:meth:`for_worker`), a target with mamba/KDA states or an n-gram embedding
+    (their verify commits), simulated acceptance."""
+
+    def __init__(self, worker, decode_forward: DecodeForward, anchor_commit: AnchorCommit) -> None:
+        self.worker = worker
+        self.decode_forward = decode_forward
+        self.anchor_commit = anchor_commit
+        self.steps = 0
+
+    @classmethod
+    def for_worker(cls, worker) -> tuple[Optional["PlainDecodeStep"], str]:
+        """(the step, "") where every no-draft step of ``worker`` may run as plain
+        decoding, else (None, why not)."""
+        forward, commit = worker._decode_forward, worker._anchor_commit
+        if forward is None or commit is None:
+            return None, "no decode-forward route (a graph-backed or GPU target keeps the verify)"
+        if worker._need_mamba_verify_commit:
+            return None, "the target keeps mamba/KDA states (SGLang's verify commits them)"
+        ngram = getattr(worker.model_runner, "ngram_embedding_manager", None)
+        if getattr(ngram, "engram_hasher", None) is not None:
+            return None, "the target has an n-gram embedding (SGLang's verify commits its history)"
+        if worker._simulate_acc_greedy or worker._sim_draw_ahead:
+            return None, "simulated acceptance is on"
+        return cls(worker, forward, commit), ""
+
+    def usable(self, batch) -> bool:
+        """Whether this batch's no-draft step may run as plain decoding (host flags only)."""
+        return (batch.spec_info is not None and self.anchor_commit.supported
+                and not self.decode_forward.dropped
+                and not batch.has_grammar and not batch.return_logprob
+                and not getattr(batch, "return_hidden_states", False)
+                and verify_logits_adjustments_are_noop(batch.sampling_info))
+
+    def __call__(self, batch, on_publish):
+        """Run the step and return SGLang's ``GenerationBatchResult`` for it, or None
+        (nothing run) when the first step finds the anchors' slots unmapped
+        (:meth:`DecodeForward.usable`)."""
+        from sglang.srt.managers.utils import GenerationBatchResult
+        from sglang.srt.speculative.dspark_components.dspark_planner import alloc_verify_window
+
+        w = self.worker
+        draft_input = batch.spec_info
+        bs = int(batch.seq_lens.shape[0])
+        width = int(w.verify_num_draft_tokens)
+        window = alloc_verify_window(
+            batch=batch, bs=bs, device=w.device, verify_num_draft_tokens=width,
+            block_pos_offsets=w._block_pos_offsets, model_runner=w.model_runner,
+            seq_lens_cpu=batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu)
+        cache_loc = window.verify_cache_loc_2d[:, 0]
+        if not self.decode_forward.usable(batch, cache_loc):
+            return None     # found at the first step; SGLang's verify runs from now on
+        # SGLang's budget resolution, as a verify step makes it (without overlap scheduling
+        # the planner decides here: a no-draft step, budget 0)
+        w._verify_planner.resolve_verify_token_budget(
+            draft_input=draft_input,
+            confidence=torch.zeros((bs, width - 1), dtype=torch.float32, device=batch.seq_lens.device),
+            prefix_lens=batch.seq_lens, req_pool_indices=batch.req_pool_indices)
+        out = self.decode_forward.forward(
+            batch, ids=draft_input.bonus_tokens.view(-1), cache_loc=cache_loc,
+            kv_loc_plan=window.kv_loc_plan, write_cols=slice(0, 1), sample=True)
+        logits_output, tokens = out.logits_output, out.next_token_ids
+        new_seq_lens = batch.seq_lens + 1
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        self.anchor_commit.keep(logits_output.hidden_states, window)
+        logits_output.hidden_states = None
+        ones = torch.ones((bs,), dtype=torch.int32, device=tokens.device)
+        self.steps += 1
+        return GenerationBatchResult(
+            logits_output=logits_output, next_token_ids=tokens, accept_lens=ones,
+            block_accept_lens=ones, cap_lens=ones, can_run_cuda_graph=False,
+            next_draft_input=make_next_draft_input(bonus_tokens=tokens, new_seq_lens=new_seq_lens),
+            speculative_num_draft_tokens=width, speculative_output_stride=1,
+            new_seq_lens=new_seq_lens)

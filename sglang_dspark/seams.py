@@ -209,6 +209,26 @@ def all_seams() -> list[Seam]:
              "DecodeForward builds the decode-mode ForwardBatch (capture_hidden_mode, kv_loc_plan, "
              "write_cols) and reads req_to_token_pool.req_to_token at the first step",
              cpu_only=False),
+        Seam(f"{_planner}.alloc_verify_window", "requires",
+             "a no-draft step run as plain decoding (no_draft.PlainDecodeStep) takes the verify "
+             "window's first column (slots, positions, kv_loc_plan) for its anchors; reads the "
+             "worker's verify_num_draft_tokens, _block_pos_offsets, model_runner, device",
+             cpu_only=False),
+        Seam("sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation", "requires",
+             "PlainDecodeStep: is_verify=False on a decode ForwardBatch samples with SGLang's "
+             "ordinary sampler (next_token_ids)", cpu_only=False),
+        Seam("sglang.srt.managers.utils.GenerationBatchResult", "requires",
+             "PlainDecodeStep's result: one token per request (accept_lens, block_accept_lens, "
+             "cap_lens 1; speculative_output_stride 1), next_draft_input, new_seq_lens",
+             cpu_only=False),
+        Seam(f"{_draft}.make_next_draft_input", "requires",
+             "PlainDecodeStep's next draft input (the sampled tokens as the next anchors)",
+             cpu_only=False),
+        Seam(f"{_verify}.verify_logits_adjustments_are_noop", "requires",
+             "PlainDecodeStep leaves steps with logits adjustments to SGLang's verify; it also "
+             "reads the worker's _need_mamba_verify_commit, _simulate_acc_greedy, _sim_draw_ahead, "
+             "model_runner.ngram_embedding_manager.engram_hasher, _verify_planner."
+             "resolve_verify_token_budget", cpu_only=False),
         Seam("sglang.srt.environ.Envs.SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH", "requires",
              "no-draft steps are off while SGLang's draft recorders run (no_draft.no_draft_refusal, "
              "also SGLANG_DSPARK_STS_COLLECT_PATH)", cpu_only=False),

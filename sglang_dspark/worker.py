@@ -135,6 +135,7 @@ class DSparkControlledWorker(DSparkWorkerV2):
         self._null_proposer = None
         self._anchor_commit = None
         self._decode_forward = None
+        self._plain_step = None     # no_draft.PlainDecodeStep: an off step without SGLang's verify
         self._no_draft_off_reason = ""
         if self._online_planner is not None and online:
             from sglang_dspark.no_draft import AnchorCommit, NullProposer, no_draft_refusal
@@ -152,6 +153,11 @@ class DSparkControlledWorker(DSparkWorkerV2):
                     self._decode_forward, why = DecodeForward.for_executor(self._verify_executor)
                     if why:
                         logger.info("sglang-dspark: no-draft steps verify one token per request: %s", why)
+                    from sglang_dspark.no_draft import PlainDecodeStep
+
+                    self._plain_step, why = PlainDecodeStep.for_worker(self)
+                    if why and self._decode_forward is not None:
+                        logger.info("sglang-dspark: no-draft steps run inside SGLang's verify: %s", why)
             elif ab is not None and any(a.kind == "off" for a in ab.arms):
                 raise ValueError(f"SGLANG_DSPARK_AB_ARMS has an 'off' arm, but no-draft steps cannot run: "
                                  f"{self._no_draft_off_reason}")
@@ -221,11 +227,14 @@ class DSparkControlledWorker(DSparkWorkerV2):
         return result
 
     def _forward_no_draft(self, batch, on_publish, grammar_barrier, coordination_plan):
-        """SGLang's decode step with no draft forward (:mod:`sglang_dspark.no_draft`): the
-        null proposer stands in for this step, the budget is 0 (the planner answers 0 for
-        a no-draft step), the target's forward is a decode step's on CPU targets (compact
-        mode, ``DecodeForward``), the draft-context commit keeps the anchors for a batched
-        write (``AnchorCommit``), and the publish callback drops the placeholder confidences."""
+        """A decode step with no draft forward (:mod:`sglang_dspark.no_draft`).  Where it
+        may (``PlainDecodeStep``: compact mode on an eager CPU target, no grammar, logprobs
+        or logits adjustments), plain decoding: SGLang's decode forward and sampler, without
+        its verify.  Else SGLang's decode step: the null proposer stands in for this step,
+        the budget is 0 (the planner answers 0 for a no-draft step), the target's forward
+        is a decode step's on CPU targets (compact mode, ``DecodeForward``), and the
+        publish callback drops the placeholder confidences.  Either way the draft-context
+        commit keeps the anchors for a batched write (``AnchorCommit``)."""
         from sglang_dspark.no_draft import publish_without_confidence
 
         commit = self._deferred_commit()
@@ -233,6 +242,10 @@ class DSparkControlledWorker(DSparkWorkerV2):
             commit.flush("no-draft step")     # a staged draft-KV write lands before this verify
         if batch.spec_info is not None:
             batch.spec_info.verify_token_budget = 0     # overlap scheduling prepared it already
+        if self._plain_step is not None and self._plain_step.usable(batch):
+            result = self._plain_step(batch, on_publish)
+            if result is not None:
+                return result
         proposer, self._proposer = self._proposer, self._null_proposer
         executor = self._verify_executor
         executor.commit_hidden = self._anchor_commit     # this step's commit: the anchors only
@@ -483,7 +496,11 @@ class DSparkControlledWorker(DSparkWorkerV2):
         no-draft step time next to the drafted plan's at the latest load."""
         pol, last = self._policy, self._stats.last_record
         commit, null = self._anchor_commit, self._null_proposer
-        state = {"steps": 0 if null is None else null.steps, "off_probes": pol.off_probes,
+        plain = self._plain_step
+        state = {"steps": (0 if null is None else null.steps) + (0 if plain is None else plain.steps),
+                 # of them, run as plain decoding (PlainDecodeStep; None: that route is off)
+                 "plain_decode_steps": None if plain is None else plain.steps,
+                 "off_probes": pol.off_probes,
                  "operator_pin": pol.operator_pin, "last_reason": pol.last_draft_reason,
                  "anchor_only_commits": None if commit is None else commit.steps,
                  "anchor_commit_flushes": None if commit is None else commit.flushes,

@@ -2,7 +2,8 @@
 
 * greedy output equals the non-speculative engine's, token for token, with drafting
   switched on and off at random steps (the A/B arms ``off`` and a drafted arm), requests
-  joining and finishing while off, in compact and cap-accept modes;
+  joining and finishing while off, in compact mode (off steps as plain decoding,
+  ``PlainDecodeStep``) and cap-accept mode (off steps inside SGLang's verify);
 * a drafted step after no-draft steps drafts exactly what an always-drafting run drafts
   for the same context: draft tokens and confidences compared through SGLang's own
   per-step records (``SGLANG_DSPARK_DEBUG_DUMP=all``).
@@ -58,11 +59,12 @@ def test_random_no_draft_steps_keep_greedy_output(mode, arms, tiny_pair, tmp_pat
     # both kinds of step ran, and often enough to switch back and forth many times
     assert tot["off"]["steps"] >= 10 and min(t["steps"] for t in tot.values()) >= 10, tot
     assert st["no_draft"]["steps"] >= tot["off"]["steps"]
-    # compact on CPU (no target graphs): every no-draft step's target forward was a decode
-    # forward; cap-accept verifies its fixed window
+    # compact on CPU (no target graphs): every no-draft step was plain decoding (a decode
+    # forward and SGLang's sampler, no verify); cap-accept verifies its fixed window
     nd = st["no_draft"]
     assert nd["decode_forward_dropped"] is None, nd
     assert nd["decode_forwards"] == (nd["steps"] if mode == "compact" else None), nd
+    assert nd["plain_decode_steps"] == (nd["steps"] if mode == "compact" else None), nd
     assert st["budget_sources"].get("ab:off", 0) == tot["off"]["steps"]
     # an off step verifies no draft token: one output token per request
     assert tot["off"]["verified_drafts"] == 0
@@ -109,6 +111,7 @@ def test_a_step_drafts_after_no_draft_steps_what_an_always_drafting_run_drafts(t
     # the off steps' anchor rows were written in batches (a run of off steps, one write)
     nd = runs["mixed"][0]["server_info"]["internal_states"][0]["dspark_info_record"]["sglang_dspark"]["no_draft"]
     assert nd["anchor_only_commits"] == off_steps and 1 <= nd["anchor_commit_flushes"] < off_steps, nd
+    assert nd["plain_decode_steps"] == off_steps, nd     # without SGLang's verify
     assert len(m) + off_steps - 3 <= len(a)      # every off step skipped a prefix's draft
     # drafted steps right after off steps: their prefix was reached by a no-draft step
     after_off = [k for k in m if (k[0], k[1] - 1) not in m and k[1] - 1 >= min(p for (r, p) in m if r == k[0])]
