@@ -44,6 +44,54 @@ def test_gate_needs_confirmed_votes_and_dwell_then_redrafts_on_schedule_and_on_l
     assert g2.off
 
 
+def test_a_load_drop_burst_is_skipped_where_drafting_is_known_to_lose_but_the_schedule_runs():
+    cfg = GateConfig(confirm=1, min_dwell=1, redraft_every=6, redraft_len=2, load_drop=0.5)
+    g = DraftGate(cfg)
+    g.known_loss = lambda r: r == 7
+    g.draft(16)
+    g.vote(theta_on=100.0, theta_off=200.0, best_budget=2, num_req=16)
+    assert g.off
+    assert [g.draft(16) for _ in range(3)] == [False] * 3
+    assert not g.draft(7)                  # a load drop, but drafting is known to lose at 7
+    assert g.skipped_redrafts == 1 and g.off_at_requests == 7
+    assert g.draft(3)                      # a further drop to an unknown load re-drafts
+    assert g.draft(3) and not g.draft(3)
+    assert g.summary()["skipped_redrafts"] == 1
+    # the schedule's bursts are not skipped: 6 off steps (interval doubled), then a burst
+    g2 = DraftGate(GateConfig(confirm=1, min_dwell=1, redraft_every=3, redraft_len=1))
+    g2.known_loss = lambda r: True
+    g2.draft(8)
+    g2.vote(theta_on=1.0, theta_off=2.0, best_budget=2, num_req=8)
+    assert [g2.draft(8) for _ in range(4)] == [False] * 3 + [True]
+    with pytest.raises(ValueError, match="redraft_skip_margin"):
+        GateConfig(redraft_skip_margin=1.0)
+
+
+def test_the_policy_knows_drafting_loses_only_where_drafted_steps_realised_a_loss():
+    m = _model()
+    cfg = PolicyConfig(explore=False, probe=False, calibration=False, admission=False, uniform_gate=False)
+    survival = np.cumprod(np.full((16, 4), 0.9), axis=1)
+    off_s = 0.01 + 0.001 * 16
+    known = {}
+    for slow in (2.0, 1.0):
+        pol = BudgetPolicy(local_model=m, config=cfg)
+        assert not pol.drafting_known_to_lose(16)       # nothing realised yet
+        for _ in range(300):
+            if pol.draft_step(16):
+                d = pol.decide(survival, max_len=4)
+                accepted = [min(3, d.budget // 16)] * 16
+                pol.observe_step(survival=None, accepted=accepted, verified=accepted,
+                                 pred_drafts=pol.last_pred_drafts, uniform=False,
+                                 step_s=slow * (0.01 + 0.004 + 0.001 * (16 + d.budget)))
+            else:
+                pol.observe_off_step(16, off_s)
+        known[slow] = (pol.drafting_known_to_lose(16), pol.drafting_known_to_lose(5))
+        assert pol.gate.known_loss == pol.drafting_known_to_lose
+    # drafted steps 2x slower than predicted: a known loss at 16, nothing known at 5
+    # (never drafted there); as predicted, drafting wins at 16 (no loss)
+    assert known == {2.0: (True, False), 1.0: (False, False)}, known
+
+
 def test_gate_does_not_flap_on_noisy_votes_around_a_tie():
     rng = np.random.default_rng(0)
     g = DraftGate()

@@ -21,8 +21,12 @@ choice never flaps (the failure of a batch-size-keyed switch, vLLM #49548):
 * while off, a *re-draft* burst of ``redraft_len`` drafted steps after ``redraft_every``
   off steps, the interval doubling after each burst that kept drafting off (up to
   ``redraft_max``), and at once when the load falls below ``load_drop`` of the load at
-  which drafting stopped: fresh confidences and acceptance, so the estimate does not go
-  stale, at a cost that fades while the load stays where drafting does not pay.
+  which drafting stopped (or of the last burst's): fresh confidences and acceptance, so
+  the estimate does not go stale, at a cost that fades while the load stays where
+  drafting does not pay.  A load-drop burst is skipped where the policy already knows the
+  answer (``known_loss``: drafted steps realised at the new load, and drafting priced
+  there more than ``redraft_skip_margin`` below no-draft steps); the schedule's bursts
+  still run.
 
 The gate is asked before a step starts and sees only earlier steps (votes, measured
 times, the last known survival), so a no-draft step is lossless by construction: no
@@ -34,7 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from dspark_controller.core.strategies import UniformTimes
 
@@ -53,9 +57,10 @@ class GateConfig:
     redraft_max: int = 1024       # ... the interval doubles after each burst, up to this
     redraft_len: int = 3          # drafted steps per burst (the confidence relay lags a step)
     load_drop: float = 0.75       # re-draft at once when R falls below this share of R at the switch
+    redraft_skip_margin: float = 0.10   # ... unless drafting is known to lose there by more than this
 
     def __post_init__(self) -> None:
-        for name in ("off_margin", "on_margin"):
+        for name in ("off_margin", "on_margin", "redraft_skip_margin"):
             v = float(getattr(self, name))
             if not 0.0 <= v < 1.0:
                 raise ValueError(f"GateConfig.{name} must be in [0, 1), got {v!r}")
@@ -203,6 +208,10 @@ class DraftGate:
         self.off_at_requests = 0         # R when drafting stopped
         self.switch_at_requests = 0      # R at the last switch (0: none yet)
         self.pinned: Optional[bool] = None   # an operator's "draft" (True) / "no draft" (False)
+        # R -> drafting is known to lose at this load by more than redraft_skip_margin (the
+        # policy's pricing; the default knows nothing, so every load drop re-drafts)
+        self.known_loss: Callable[[int], bool] = lambda num_req: False
+        self.skipped_redrafts = 0        # load-drop bursts skipped by known_loss
         # counters (observability)
         self.switches = {"off": 0, "on": 0}
         self.steps = {"drafted": 0, "no_draft": 0, "redraft": 0}
@@ -220,6 +229,9 @@ class DraftGate:
             return self._count(True, redraft=True)
         cfg = self.config
         dropped = int(num_req) < cfg.load_drop * self.off_at_requests
+        if dropped and self.known_loss(int(num_req)):
+            self.off_at_requests, dropped = int(num_req), False   # nothing to re-measure here
+            self.skipped_redrafts += 1
         if dropped or self.off_steps >= self.redraft_interval:
             if not dropped:      # the last burst kept drafting off: wait longer next time
                 self.redraft_interval = min(2 * self.redraft_interval, max(cfg.redraft_max, cfg.redraft_every))
@@ -287,4 +299,5 @@ class DraftGate:
     def summary(self) -> dict:
         return {"state": ("pinned " if self.pinned is not None else "")
                 + ("drafting" if (self.pinned if self.pinned is not None else not self.off) else "no_draft"),
-                "switches": dict(self.switches), "steps": dict(self.steps)}
+                "switches": dict(self.switches), "steps": dict(self.steps),
+                "skipped_redrafts": self.skipped_redrafts}

@@ -258,6 +258,8 @@ class BudgetPolicy:
         self._real_vs_pred = [0.0, 0.0]
         self._pending_theta: Optional[float] = None
         self.last_draft_reason = "none"
+        if self.gate is not None:
+            self.gate.known_loss = self.drafting_known_to_lose
 
     # ------------------------------------------------------------------ draft or not
     def draft_step(self, num_req: int) -> bool:
@@ -310,6 +312,18 @@ class BudgetPolicy:
         gate = self.gate
         if gate is not None and gate.off and gate.pinned is None and gate.may_switch(num_req):
             gate.vote_back(self.known_theta(num_req), self.off_throughput(num_req), num_req)
+
+    def drafting_known_to_lose(self, num_req: int) -> bool:
+        """Drafting at ``num_req`` requests has realised steps here (``REALISED_MIN``) and,
+        priced on what the policy last knew (:meth:`known_theta`), loses to no-draft steps
+        by more than the gate's ``redraft_skip_margin``: a load-drop re-draft there would
+        re-measure a known answer."""
+        e = self._realised.get(int(num_req))
+        if self.gate is None or e is None or e[2] < REALISED_MIN:
+            return False
+        on, off = self.known_theta(num_req), self.off_throughput(num_req)
+        return (on is not None and off is not None
+                and float(on) < float(off) * (1.0 - self.gate.config.redraft_skip_margin))
 
     def known_theta(self, num_req: int) -> Optional[float]:
         """Drafting's expected tokens/s at ``num_req`` requests while none is drafted: what
