@@ -67,6 +67,20 @@ def test_a_load_drop_burst_is_skipped_where_drafting_is_known_to_lose_but_the_sc
         GateConfig(redraft_skip_margin=1.0)
 
 
+def _drive_realised(pol, survival, off_s, step_s, steps=300, r=16):
+    """Steps at ``r`` requests as the worker reports them: drafted steps with their
+    accepted drafts and, when ``step_s`` (of batch tokens) is given, their time."""
+    for _ in range(steps):
+        if pol.draft_step(r):
+            d = pol.decide(survival, max_len=survival.shape[1])
+            accepted = [min(3, d.budget // r)] * r
+            pol.observe_step(survival=None, accepted=accepted, verified=accepted,
+                             pred_drafts=pol.last_pred_drafts, uniform=False,
+                             step_s=step_s(r + d.budget) if step_s is not None else None)
+        else:
+            pol.observe_off_step(r, off_s)
+
+
 def test_the_policy_knows_drafting_loses_only_where_drafted_steps_realised_a_loss():
     m = _model()
     cfg = PolicyConfig(explore=False, probe=False, calibration=False, admission=False, uniform_gate=False)
@@ -76,15 +90,7 @@ def test_the_policy_knows_drafting_loses_only_where_drafted_steps_realised_a_los
     for slow in (2.0, 1.0):
         pol = BudgetPolicy(local_model=m, config=cfg)
         assert not pol.drafting_known_to_lose(16)       # nothing realised yet
-        for _ in range(300):
-            if pol.draft_step(16):
-                d = pol.decide(survival, max_len=4)
-                accepted = [min(3, d.budget // 16)] * 16
-                pol.observe_step(survival=None, accepted=accepted, verified=accepted,
-                                 pred_drafts=pol.last_pred_drafts, uniform=False,
-                                 step_s=slow * (0.01 + 0.004 + 0.001 * (16 + d.budget)))
-            else:
-                pol.observe_off_step(16, off_s)
+        _drive_realised(pol, survival, off_s, lambda b: slow * (0.01 + 0.004 + 0.001 * b))
         known[slow] = (pol.drafting_known_to_lose(16), pol.drafting_known_to_lose(5))
         assert pol.gate.known_loss == pol.drafting_known_to_lose
     # drafted steps 2x slower than predicted: a known loss at 16, nothing known at 5
@@ -193,15 +199,7 @@ def test_gate_prices_drafting_by_what_drafted_steps_realised_not_by_the_profiles
     outcomes = {}
     for realised in (False, True):
         pol = BudgetPolicy(local_model=m, config=cfg)
-        for _ in range(300):
-            if pol.draft_step(16):
-                d = pol.decide(survival, max_len=4)
-                accepted = [min(3, d.budget // 16)] * 16
-                pol.observe_step(survival=None, accepted=accepted, verified=accepted,
-                                 pred_drafts=pol.last_pred_drafts, uniform=False,
-                                 step_s=true_on(16 + d.budget) if realised else None)
-            else:
-                pol.observe_off_step(16, off_s)
+        _drive_realised(pol, survival, off_s, true_on if realised else None)
         outcomes[realised] = pol.gate.off
     assert outcomes == {False: False, True: True}, outcomes
 
