@@ -555,7 +555,11 @@ class DSparkControlledWorker(DSparkWorkerV2):
 
     def dump_info_records(self):
         dumped = dict(super().dump_info_records() or {})
-        dumped["sglang_dspark"] = self.plugin_state()
+        try:
+            dumped["sglang_dspark"] = self.plugin_state()
+        except Exception as exc:  # a status read must never take the scheduler down
+            logger.exception("sglang-dspark: plugin state for /server_info failed (reported there)")
+            dumped["sglang_dspark"] = {"error": f"{type(exc).__name__}: {exc}"}
         # the whole record: SGLang's per-step records carry our decisions' predictions too,
         # and /server_info must never fail on a non-finite float
         return _json_safe(dumped)

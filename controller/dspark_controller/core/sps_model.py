@@ -691,14 +691,17 @@ class SpsModel:
     def _row_table(self, rb: int) -> np.ndarray:
         """Dense drift-free step times of R-bin ``rb`` for B = 0 .. b_top - 1 (cached per fit):
         the additive fit, its measured range replaced by the corrected curve, and the parts
-        below and above shifted to meet that curve at its ends (monotone, continuous)."""
+        below and above moved to meet that curve at its ends (monotone, continuous, positive).
+        Above, and below where the curve lies higher, the part is shifted; below where it
+        lies lower, it is scaled, as a shift down would price a few tokens at zero or less."""
         t = self._row_tables.get(rb)
         if t is None:
             t = self._table + self._alpha[rb]
             fix = self._row_fix.get(rb)
             if fix is not None:
                 lo, hi, vals = fix
-                t[:lo] += vals[0] - t[lo]
+                below = t[:lo]
+                t[:lo] = np.maximum(below + (vals[0] - t[lo]), below * (vals[0] / t[lo]))
                 t[hi + 1:] += vals[-1] - t[hi]
                 t[lo:hi + 1] = vals
             self._row_tables[rb] = t
