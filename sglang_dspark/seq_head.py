@@ -2,7 +2,7 @@
 
 Switch: ``SGLANG_DSPARK_FUSED_SEQ_HEAD`` = ``auto`` (default) | ``triton`` | ``torch`` |
 ``upstream`` (see :mod:`dspark_kernels.backend`).  ``auto`` keeps SGLang's own
-kernels on GPU (until a GPU benchmark shows ours faster) and runs our torch
+kernels on GPU (where ours measured slower, docs/kernels.md) and runs our torch
 reference on CPU.  The hook wraps ``dspark_draft.draft_markov_block`` (eager
 proposer and the draft-graph sampler); confidence scoring stays SGLang's there,
 because its features are not passed to that function.  Heads the fused path does

@@ -2,8 +2,8 @@
 
 Values (case-insensitive; unset or empty = ``auto``):
 
-* ``auto``     -- CUDA: ``upstream`` (SGLang's own per-position kernels) until a GPU
-  benchmark shows the fused kernel faster; CPU: ``torch`` (this package's
+* ``auto``     -- CUDA: ``upstream`` (SGLang's own per-position kernels; the fused
+  kernel measured slower on an H200, docs/kernels.md); CPU: ``torch`` (this package's
   reference, same maths as SGLang's torch path).
 * ``triton``   -- this package's fused Triton kernel (CUDA, or CPU under
   ``TRITON_INTERPRET=1``).
