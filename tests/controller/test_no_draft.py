@@ -302,7 +302,7 @@ def test_an_off_time_taken_against_a_much_younger_profile_reads_as_unmeasured():
 def test_the_dwell_is_waived_once_the_load_has_moved_away_from_the_last_switch():
     cfg = GateConfig(confirm=2, min_dwell=16, load_drop=0.75)
     g = DraftGate(cfg)
-    off = dict(theta_on=100.0, theta_off=200.0, best_budget=2)
+    off = dict(theta_on=100.0, theta_off=110.0, best_budget=2)   # off wins, not clearly
     for _ in range(2):
         g.draft(16)
         g.vote(num_req=16, **off)
@@ -321,3 +321,53 @@ def test_the_dwell_is_waived_once_the_load_has_moved_away_from_the_last_switch()
         g.draft(16)
         g.vote(num_req=16, **off)
     assert g.off and g.switches["off"] == 2
+
+
+def test_a_clear_loss_stops_drafting_within_the_dwell_and_coming_back_still_waits():
+    cfg = GateConfig(confirm=2, min_dwell=16, clear_loss=0.15)
+    g = DraftGate(cfg)
+    for _ in range(2):                      # off, then back on at the same load via a re-price
+        g.draft(16)
+        g.vote(theta_on=100.0, theta_off=200.0, best_budget=2, num_req=16)
+    assert g.off and g.dwell_waived == 0     # the first switch needed no waiver
+    for _ in range(16):
+        g.draft(16)
+    g.vote_back(300.0, 200.0, 16)
+    assert not g.off
+    mild = dict(theta_on=100.0, theta_off=110.0, best_budget=2, num_req=16)
+    for _ in range(4):                      # off wins by 10%: the dwell holds drafting on
+        g.draft(16)
+        g.vote(**mild)
+    assert not g.off
+    g.draft(16)
+    g.vote(**dict(mild, theta_off=90.0))    # drafting wins a step: the votes start again
+    clear = dict(mild, theta_off=120.0)     # by 20%: off after the confirm votes, dwell or not
+    g.draft(16)
+    g.vote(**clear)
+    assert not g.off                        # one vote is not enough
+    g.draft(16)
+    g.vote(**clear)
+    assert g.off and g.dwell_waived == 1 and g.summary()["dwell_waived"] == 1
+    for _ in range(3):                      # coming back on within the dwell: no
+        g.draft(16)
+        g.vote_back(300.0, 100.0, 16)
+    assert g.off
+    with pytest.raises(ValueError, match="clear_loss"):
+        GateConfig(clear_loss=1.5)
+
+
+def test_a_load_drop_burst_ends_where_the_load_moves_to_a_known_loss_and_a_scheduled_one_runs():
+    cfg = GateConfig(confirm=2, min_dwell=4, redraft_every=5, redraft_len=3, load_drop=0.75)
+    g = DraftGate(cfg)
+    g.known_loss = lambda r: r >= 16          # drafting is known to lose from 16 requests up
+    for _ in range(2):
+        g.draft(32)
+        g.vote(theta_on=100.0, theta_off=200.0, best_budget=2, num_req=32)
+    assert g.off
+    # the load falls to 8 (unknown there): a burst; the wave refills to 16 after one step
+    assert [g.draft(r) for r in (8, 16, 16, 16)] == [True, False, False, False]
+    assert g.skipped_redrafts == 1 and g.steps["redraft"] == 1
+    # the schedule's burst at 16 runs whole, known loss or not
+    seq = [g.draft(16) for _ in range(5)]
+    assert seq == [False, False, True, True, True], seq
+    assert g.skipped_redrafts == 1

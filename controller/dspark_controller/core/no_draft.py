@@ -13,7 +13,9 @@ choice never flaps (the failure of a batch-size-keyed switch, vLLM #49548):
 
 * on -> off after ``confirm`` consecutive votes for off, at least ``min_dwell`` steps
   after the last switch; a vote counts when off wins by ``off_margin`` (or the best
-  budget is 0);
+  budget is 0); the dwell is waived when the last vote's off wins by ``clear_loss``
+  (drafting, priced by what its steps realised, clearly loses: each further drafted step
+  costs several plain ones, and coming back on still waits for the dwell);
 * off -> on when the drafted plan, priced on what the policy last knew of the drafts
   (their survival at the last drafted step), wins by ``on_margin``, after ``min_dwell``;
 * the dwell is waived once the load has left the band ``[load_drop, 1 / load_drop]``
@@ -23,10 +25,10 @@ choice never flaps (the failure of a batch-size-keyed switch, vLLM #49548):
   ``redraft_max``), and at once when the load falls below ``load_drop`` of the load at
   which drafting stopped (or of the last burst's): fresh confidences and acceptance, so
   the estimate does not go stale, at a cost that fades while the load stays where
-  drafting does not pay.  A load-drop burst is skipped where the policy already knows the
-  answer (``known_loss``: drafted steps realised at the new load, and drafting priced
-  there more than ``redraft_skip_margin`` below no-draft steps); the schedule's bursts
-  still run.
+  drafting does not pay.  A load-drop burst is skipped, or ended early once the load has
+  moved again, where the policy already knows the answer (``known_loss``: drafted steps
+  realised at the step's load, and drafting priced there more than
+  ``redraft_skip_margin`` below no-draft steps); the schedule's bursts still run.
 
 The gate is asked before a step starts and sees only earlier steps (votes, measured
 times, the last known survival), so a no-draft step is lossless by construction: no
@@ -58,9 +60,10 @@ class GateConfig:
     redraft_len: int = 3          # drafted steps per burst (the confidence relay lags a step)
     load_drop: float = 0.75       # re-draft at once when R falls below this share of R at the switch
     redraft_skip_margin: float = 0.10   # ... unless drafting is known to lose there by more than this
+    clear_loss: float = 0.15      # off winning by this much stops drafting within the dwell
 
     def __post_init__(self) -> None:
-        for name in ("off_margin", "on_margin", "redraft_skip_margin"):
+        for name in ("off_margin", "on_margin", "redraft_skip_margin", "clear_loss"):
             v = float(getattr(self, name))
             if not 0.0 <= v < 1.0:
                 raise ValueError(f"GateConfig.{name} must be in [0, 1), got {v!r}")
@@ -205,6 +208,7 @@ class DraftGate:
         self.off_steps = 0               # off steps since the last re-draft burst
         self.redraft_interval = config.redraft_every   # off steps before the next burst
         self.redraft_left = 0            # drafted steps left in the current burst
+        self.drop_burst = False          # the current burst was started by a load drop
         self.off_at_requests = 0         # R when drafting stopped
         self.switch_at_requests = 0      # R at the last switch (0: none yet)
         self.pinned: Optional[bool] = None   # an operator's "draft" (True) / "no draft" (False)
@@ -212,6 +216,7 @@ class DraftGate:
         # policy's pricing; the default knows nothing, so every load drop re-drafts)
         self.known_loss: Callable[[int], bool] = lambda num_req: False
         self.skipped_redrafts = 0        # load-drop bursts skipped by known_loss
+        self.dwell_waived = 0            # on -> off switches made within the dwell (clear_loss)
         # counters (observability)
         self.switches = {"off": 0, "on": 0}
         self.steps = {"drafted": 0, "no_draft": 0, "redraft": 0}
@@ -224,10 +229,15 @@ class DraftGate:
             return self._count(self.pinned, redraft=False)
         if not self.off:
             return self._count(True, redraft=False)
-        if self.redraft_left > 0:
-            self.redraft_left -= 1
-            return self._count(True, redraft=True)
         cfg = self.config
+        if self.redraft_left > 0:
+            if self.drop_burst and self.known_loss(int(num_req)):
+                # the load moved on, to where the answer is known: the rest measures nothing
+                self.redraft_left, self.off_at_requests = 0, int(num_req)
+                self.skipped_redrafts += 1
+            else:
+                self.redraft_left -= 1
+                return self._count(True, redraft=True)
         dropped = int(num_req) < cfg.load_drop * self.off_at_requests
         if dropped and self.known_loss(int(num_req)):
             self.off_at_requests, dropped = int(num_req), False   # nothing to re-measure here
@@ -238,6 +248,7 @@ class DraftGate:
             self.off_steps = 0
             self.off_at_requests = int(num_req)
             self.redraft_left = cfg.redraft_len - 1
+            self.drop_burst = dropped
             return self._count(True, redraft=True)
         self.off_steps += 1
         return self._count(False, redraft=False)
@@ -274,7 +285,11 @@ class DraftGate:
             return
         off_better = off_wins(theta_on, theta_off, best_budget=best_budget, margin=cfg.off_margin)
         self.off_votes = self.off_votes + 1 if off_better else 0
-        if self.off_votes >= cfg.confirm and self.may_switch(num_req):
+        if self.off_votes >= cfg.confirm and (
+                self.may_switch(num_req)
+                or off_wins(theta_on, theta_off, best_budget=best_budget, margin=cfg.clear_loss)):
+            if not self.may_switch(num_req):
+                self.dwell_waived += 1
             self._switch(True, num_req)
 
     def vote_back(self, theta_on: Optional[float], theta_off: Optional[float], num_req: int) -> None:
@@ -300,4 +315,4 @@ class DraftGate:
         return {"state": ("pinned " if self.pinned is not None else "")
                 + ("drafting" if (self.pinned if self.pinned is not None else not self.off) else "no_draft"),
                 "switches": dict(self.switches), "steps": dict(self.steps),
-                "skipped_redrafts": self.skipped_redrafts}
+                "skipped_redrafts": self.skipped_redrafts, "dwell_waived": self.dwell_waived}
