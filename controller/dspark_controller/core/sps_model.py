@@ -96,6 +96,7 @@ __all__ = [
 
 _STATE_FORMAT = 1
 _MIN_STEP_SECONDS = 1e-9
+_BELOW_FLOOR = 0.5              # a row's curve below its measured range: at least this share of the scaled fit
 _MAD_TO_SIGMA = 1.4826          # median |x| of a normal = 0.6745 sigma
 
 
@@ -691,9 +692,10 @@ class SpsModel:
     def _row_table(self, rb: int) -> np.ndarray:
         """Dense drift-free step times of R-bin ``rb`` for B = 0 .. b_top - 1 (cached per fit):
         the additive fit, its measured range replaced by the corrected curve, and the parts
-        below and above moved to meet that curve at its ends (monotone, continuous, positive).
-        Above, and below where the curve lies higher, the part is shifted; below where it
-        lies lower, it is scaled, as a shift down would price a few tokens at zero or less."""
+        below and above shifted to meet that curve at its ends (monotone, continuous).  Below,
+        the shift is floored at half the additive fit scaled to meet the curve: a row whose
+        own curve lies far under the additive fit at its first measured bin would otherwise
+        price a few tokens at zero or less (SPS(1) < 0 stopped the planner)."""
         t = self._row_tables.get(rb)
         if t is None:
             t = self._table + self._alpha[rb]
@@ -701,7 +703,7 @@ class SpsModel:
             if fix is not None:
                 lo, hi, vals = fix
                 below = t[:lo]
-                t[:lo] = np.maximum(below + (vals[0] - t[lo]), below * (vals[0] / t[lo]))
+                t[:lo] = np.maximum(below + (vals[0] - t[lo]), _BELOW_FLOOR * below * (vals[0] / t[lo]))
                 t[hi + 1:] += vals[-1] - t[hi]
                 t[lo:hi + 1] = vals
             self._row_tables[rb] = t
