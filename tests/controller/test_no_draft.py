@@ -204,6 +204,71 @@ def test_gate_prices_drafting_by_what_drafted_steps_realised_not_by_the_profiles
     assert outcomes == {False: False, True: True}, outcomes
 
 
+def test_drafting_is_priced_by_throughput_so_noisy_step_times_do_not_flatter_it():
+    # the same drafted steps, once at a steady time and once alternating 0.5x / 1.5x of it
+    # (same mean): a mean of per-step rates would price the noisy run 1.37x higher (1 / t
+    # averages above 1 / mean t) while the no-draft price, a count over the mean time,
+    # gets no such credit; drafting is priced by throughput, so the two runs agree
+    m = _model()
+    cfg = PolicyConfig(explore=False, probe=False, calibration=False, admission=False, uniform_gate=False)
+    survival = np.cumprod(np.full((16, 4), 0.9), axis=1)
+    prices = {}
+    for noisy in (False, True):
+        pol = BudgetPolicy(local_model=m, config=cfg)
+        n = [0]
+
+        def step_s(b):
+            n[0] += 1
+            f = (0.5 if n[0] % 2 else 1.5) if noisy else 1.0
+            return f * (0.01 + 0.004 + 0.001 * b)
+
+        _drive_realised(pol, survival, 1.0, step_s, steps=200)     # off far slower: always drafting
+        assert n[0] > 150
+        prices[noisy] = pol.realised_theta(16, 100.0)
+    assert prices[True] == pytest.approx(prices[False], rel=0.05), prices
+
+
+def test_one_confident_redraft_step_does_not_switch_drafting_back_on():
+    # 4 requests: at survival 0.5 drafting loses to no-draft steps (~273 vs 381 tokens/s),
+    # at 0.99 it wins (~576). While off, drafting is priced on the recent plans' mean
+    # survival, and a re-draft step's own confidences are one more sample of it: a burst
+    # whose first step alone is confident keeps drafting off, a confident burst turns it on
+    m = _model()
+    cfg = PolicyConfig(explore=False, probe=False, calibration=False, admission=False, uniform_gate=False,
+                       off_probe_prob=0.0, off_probe_prob_unknown=0.0)
+    r, off_s = 4, 0.0105
+    low = np.cumprod(np.full((r, 4), 0.5), axis=1)
+    high = np.cumprod(np.full((r, 4), 0.99), axis=1)
+    outcome = {}
+    for burst in (("high", "low", "low"), ("high", "high", "high")):
+        pol = BudgetPolicy(local_model=m, config=cfg)
+        pol.observe_off_step(r, off_s)
+
+        def drafted(survival):     # accepts what the plan expects, in the predicted time
+            d = pol.decide(survival, max_len=4)
+            pred = pol.last_pred_drafts
+            tot = int(round(pred if pred is not None else survival.sum()))   # None: a measuring step
+            acc = [tot // r + (1 if i < tot % r else 0) for i in range(r)]
+            pol.observe_step(survival=None, accepted=acc, verified=acc, pred_drafts=pol.last_pred_drafts,
+                             uniform=False, step_s=0.014 + 0.001 * (r + d.budget))
+
+        for _ in range(10):
+            assert pol.draft_step(r)
+            drafted(low)
+            if pol.gate.off:
+                break
+        assert pol.gate.off
+        seen = []
+        while len(seen) < 3:
+            if pol.draft_step(r):
+                drafted(high if burst[len(seen)] == "high" else low)
+                seen.append(pol.gate.off)
+            else:
+                pol.observe_off_step(r, off_s)
+        outcome[burst[1]] = seen
+    assert outcome == {"low": [True, True, True], "high": [True, True, False]}, outcome
+
+
 def test_step_gaps_keep_a_robust_median_per_kind_and_r_with_nearest_fallbacks():
     g = StepGaps(window=5)
     assert g.get(4, drafted=True) == 0.0                   # nothing measured: no gap

@@ -17,7 +17,8 @@ choice never flaps (the failure of a batch-size-keyed switch, vLLM #49548):
   (drafting, priced by what its steps realised, clearly loses: each further drafted step
   costs several plain ones, and coming back on still waits for the dwell);
 * off -> on when the drafted plan, priced on what the policy last knew of the drafts
-  (their survival at the last drafted step), wins by ``on_margin``, after ``min_dwell``;
+  (their survival over the last drafted steps, averaged: a re-draft step's own
+  confidences count as one more sample), wins by ``on_margin``, after ``min_dwell``;
 * the dwell is waived once the load has left the band ``[load_drop, 1 / load_drop]``
   times the load at the last switch: that switch was decided for another load;
 * while off, a *re-draft* burst of ``redraft_len`` drafted steps after ``redraft_every``

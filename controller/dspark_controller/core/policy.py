@@ -40,8 +40,8 @@ Strategies, each with its constants in :class:`PolicyConfig` and an off switch:
   expected tokens/s, and a :class:`.no_draft.DraftGate` with hysteresis turns the votes
   into drafting or not; off steps are also run on a small share of steps to measure
   their time where it is unknown (``off_probe_prob_unknown``) or known (``off_probe_prob``).
-  Drafting is priced by the plan times what such steps realised over what they predicted,
-  and no vote for off is cast at a load before ``measure_full_steps`` full-budget steps
+  Drafting is priced by the plan times what such steps realised over what they predicted
+  (time-weighted, as the no-draft steps' mean time prices off), and no vote for off is cast at a load before ``measure_full_steps`` full-budget steps
   ran there (the budget a profile fitted on smaller ones extrapolates furthest).
 
 An ablation is a config change: ``PolicyConfig(probe=False)`` etc.
@@ -70,6 +70,7 @@ __all__ = ["PolicyConfig", "Decision", "SurvivalCalibrator", "BudgetPolicy"]
 REALISED_MIN = 3         # steps at an R before its own realised-over-predicted ratio is used
 REALISED_DECAY_R = 0.9   # forgetting of an R's realised-over-predicted sums (per step at that R)
 REALISED_DECAY = 0.99    # forgetting of the realised-over-predicted sums over all R
+KNOWN_ROW_EMA = 0.25     # weight of the newest local plan in the survival the gate prices drafting on
 
 
 def _load_bucket(num_req: int) -> int:
@@ -243,7 +244,7 @@ class BudgetPolicy:
         self.last_survival: Optional[np.ndarray] = None  # raw lagged survival of the last decision
         self._rng = random.Random(config.seed)
         # no-draft steps: the gate, the measured time of off steps per R, and the mean
-        # calibrated survival per position at the last local plan (what the policy last
+        # calibrated survival per position over the recent local plans (what the policy last
         # knew of the drafts, to price drafting while none are made)
         self.gate: Optional[DraftGate] = DraftGate(config.gate) if config.no_draft and enabled else None
         self.off_times = OffTimes(local_model)
@@ -252,7 +253,7 @@ class BudgetPolicy:
         self.operator_pin: Optional[bool] = None   # True: always draft, False: never (None: the policy)
         # what the local plans' drafted steps realised against what they predicted, per R and
         # over all R (forgotten sums), so the gate prices drafting by outcomes
-        self._realised: dict[int, list] = {}     # R -> [realised tokens/s, predicted tokens/s, steps]
+        self._realised: dict[int, list] = {}     # R -> [realised tokens, predicted tokens in the same seconds, steps]
         self._full_measured: Counter = Counter()  # load bucket -> full-budget steps run before an off vote
         self.step_gaps = StepGaps()      # the scheduler's host time per step (period pricing)
         self._real_vs_pred = [0.0, 0.0]
@@ -327,9 +328,9 @@ class BudgetPolicy:
 
     def known_theta(self, num_req: int) -> Optional[float]:
         """Drafting's expected tokens/s at ``num_req`` requests while none is drafted: what
-        the local plans' drafted steps realised at this R, else the best drafted plan with
-        every request drafting like the mean of the last local plan, scaled by realised
-        over predicted (None: no plan or profile yet)."""
+        the best drafted plan with every request drafting like the recent local plans' mean
+        survival (:meth:`_know`), scaled by what drafted steps realised over what they
+        predicted (None: no plan or profile yet)."""
         row, model = self._known_row, self.local_model
         if row is None or model is None or not getattr(model, "ready", False):
             return None
@@ -346,7 +347,10 @@ class BudgetPolicy:
         plans' steps realised over what they predicted, at this R once it has
         ``REALISED_MIN`` such steps, else over all R.  A ratio, not the realised tokens/s
         itself: those describe the budgets that ran, and a plan that under-drafted would
-        otherwise price every budget by its own shortfall."""
+        otherwise price every budget by its own shortfall.  The ratio is time-weighted
+        (:meth:`_observe_realised`): tokens realised over the tokens the plans predicted for
+        the seconds the steps took, i.e. throughput over a stretch of steps, on the same
+        footing as the no-draft price (a count over the mean step time)."""
         if predicted is None:
             return None
         gap = self.step_gaps.get(num_req, drafted=True)
@@ -356,16 +360,22 @@ class BudgetPolicy:
         return per_period(float(predicted) * ratio, predicted_step_s, gap)
 
     def _observe_realised(self, num_req: int, tokens: int, step_s: float) -> None:
+        """A local plan's step: ``tokens`` emitted in ``step_s`` seconds, against the plan's
+        tokens/s (``_pending_theta``).  The sums are tokens and predicted tokens over the
+        same seconds (each step's rate weighted by its time), so their ratio is realised over
+        predicted *throughput*; a mean of per-step rates would overrate drafting by about the
+        squared variation of its step times (1 / t averages above 1 / mean t), which the
+        no-draft price, a count over the mean time, does not get."""
         pending = self._pending_theta
         if pending is None or not pending > 0:
             return
-        theta = tokens / step_s
+        pred_tokens = float(pending) * float(step_s)
         e = self._realised.setdefault(int(num_req), [0.0, 0.0, 0])
-        e[0] = e[0] * REALISED_DECAY_R + theta
-        e[1] = e[1] * REALISED_DECAY_R + pending
+        e[0] = e[0] * REALISED_DECAY_R + float(tokens)
+        e[1] = e[1] * REALISED_DECAY_R + pred_tokens
         e[2] += 1
-        self._real_vs_pred[0] = self._real_vs_pred[0] * REALISED_DECAY + theta
-        self._real_vs_pred[1] = self._real_vs_pred[1] * REALISED_DECAY + pending
+        self._real_vs_pred[0] = self._real_vs_pred[0] * REALISED_DECAY + float(tokens)
+        self._real_vs_pred[1] = self._real_vs_pred[1] * REALISED_DECAY + pred_tokens
 
     def _admitted(self, d: Decision, planned: Decision, num_req: int, full: int) -> Optional[float]:
         """``d``'s expected tokens/s with its drafts scaled by the admission gain; ``d`` is
@@ -401,9 +411,27 @@ class BudgetPolicy:
         return True
 
     def _vote(self, d: Decision, prices: tuple, num_req: int) -> None:
-        """A local plan's verdict on plain decoding (priced by what such steps realised)."""
-        if self.gate is not None:
-            self.gate.vote(theta_on=prices[0], theta_off=prices[1], best_budget=int(d.budget), num_req=num_req)
+        """A local plan's verdict on plain decoding (priced by what such steps realised).
+        While drafting is off (a re-draft step) the verdict on coming back is priced like the
+        off steps' (:meth:`known_theta`, the smoothed survival), not on this one step's."""
+        gate = self.gate
+        if gate is None:
+            return
+        theta_on = prices[0]
+        if gate.off and gate.pinned is None and int(d.budget) > 0:
+            theta_on = self.known_theta(num_req)
+        gate.vote(theta_on=theta_on, theta_off=prices[1], best_budget=int(d.budget), num_req=num_req)
+
+    def _know(self, row: np.ndarray) -> None:
+        """What the policy knows of the drafts while none are made: the mean survival per
+        position of the local plans, an average over the last few (``KNOWN_ROW_EMA``).  The
+        gate's on/off question is about the coming dwell of steps, not the next one, and one
+        step's confidences move its price by +-15% on the ``bench`` pair at one request."""
+        old = self._known_row
+        if old is None or old.shape != row.shape:
+            self._known_row = np.array(row, dtype=np.float64)
+        else:
+            old += KNOWN_ROW_EMA * (row - old)
 
     # ------------------------------------------------------------------ decide
     def calibrated(self, raw: np.ndarray, max_len: int) -> np.ndarray:
@@ -444,7 +472,7 @@ class BudgetPolicy:
             return None
         planned = self._argmax(survival, model.sps_function(num_req))
         d = self._uniform_if_better(planned, survival, num_req, full, admitted=True)
-        self._known_row = survival.mean(axis=0)     # what the policy last knew of the drafts
+        self._know(survival.mean(axis=0))
         prices = self._prices(d, planned, num_req, full)
         if self._measure_full_first(d, prices, num_req, full):
             return self._note("measure", Decision(budget=full))
