@@ -228,45 +228,69 @@ def test_drafting_is_priced_by_throughput_so_noisy_step_times_do_not_flatter_it(
     assert prices[True] == pytest.approx(prices[False], rel=0.05), prices
 
 
+_QUIET = PolicyConfig(explore=False, probe=False, calibration=False, admission=False, uniform_gate=False,
+                      off_probe_prob=0.0, off_probe_prob_unknown=0.0)
+
+
+def _drafted_step(pol, survival):
+    """A local plan's step that accepts what the plan expects, in the time ``_model`` predicts."""
+    r = survival.shape[0]
+    d = pol.decide(survival, max_len=survival.shape[1])
+    pred = pol.last_pred_drafts
+    tot = int(round(pred if pred is not None else survival.sum()))     # None: a measuring step
+    acc = [tot // r + (1 if i < tot % r else 0) for i in range(r)]
+    pol.observe_step(survival=None, accepted=acc, verified=acc, pred_drafts=pred, uniform=False,
+                     step_s=0.014 + 0.001 * (r + d.budget))
+
+
+def _switched_off(pol, survival, off_s):
+    """Drafted steps at ``survival`` (which loses to no-draft steps of ``off_s``) until off."""
+    pol.observe_off_step(survival.shape[0], off_s)
+    for _ in range(10):
+        assert pol.draft_step(survival.shape[0])
+        _drafted_step(pol, survival)
+        if pol.gate.off:
+            return pol
+    raise AssertionError("drafting never stopped")
+
+
+def _rows(r, s):
+    return np.cumprod(np.full((r, 4), s), axis=1)
+
+
 def test_one_confident_redraft_step_does_not_switch_drafting_back_on():
     # 4 requests: at survival 0.5 drafting loses to no-draft steps (~273 vs 381 tokens/s),
     # at 0.99 it wins (~576). While off, drafting is priced on the recent plans' mean
     # survival, and a re-draft step's own confidences are one more sample of it: a burst
     # whose first step alone is confident keeps drafting off, a confident burst turns it on
-    m = _model()
-    cfg = PolicyConfig(explore=False, probe=False, calibration=False, admission=False, uniform_gate=False,
-                       off_probe_prob=0.0, off_probe_prob_unknown=0.0)
     r, off_s = 4, 0.0105
-    low = np.cumprod(np.full((r, 4), 0.5), axis=1)
-    high = np.cumprod(np.full((r, 4), 0.99), axis=1)
     outcome = {}
     for burst in (("high", "low", "low"), ("high", "high", "high")):
-        pol = BudgetPolicy(local_model=m, config=cfg)
-        pol.observe_off_step(r, off_s)
-
-        def drafted(survival):     # accepts what the plan expects, in the predicted time
-            d = pol.decide(survival, max_len=4)
-            pred = pol.last_pred_drafts
-            tot = int(round(pred if pred is not None else survival.sum()))   # None: a measuring step
-            acc = [tot // r + (1 if i < tot % r else 0) for i in range(r)]
-            pol.observe_step(survival=None, accepted=acc, verified=acc, pred_drafts=pol.last_pred_drafts,
-                             uniform=False, step_s=0.014 + 0.001 * (r + d.budget))
-
-        for _ in range(10):
-            assert pol.draft_step(r)
-            drafted(low)
-            if pol.gate.off:
-                break
-        assert pol.gate.off
+        pol = _switched_off(BudgetPolicy(local_model=_model(), config=_QUIET), _rows(r, 0.5), off_s)
         seen = []
         while len(seen) < 3:
             if pol.draft_step(r):
-                drafted(high if burst[len(seen)] == "high" else low)
+                _drafted_step(pol, _rows(r, 0.99 if burst[len(seen)] == "high" else 0.5))
                 seen.append(pol.gate.off)
             else:
                 pol.observe_off_step(r, off_s)
         outcome[burst[1]] = seen
     assert outcome == {"low": [True, True, True], "high": [True, True, False]}, outcome
+
+
+def test_drafting_comes_back_only_against_a_no_draft_time_measured_at_that_load():
+    # off at 4 requests; the load drops to 2, where no no-draft step ran: the re-draft burst
+    # finds drafting far better than the no-draft time read from 4 requests' ratio, but
+    # waits for an off step at 2 to measure it before switching drafting back on
+    pol = _switched_off(BudgetPolicy(local_model=_model(), config=_QUIET), _rows(4, 0.5), 0.0105)
+    assert not pol.off_times.measured(2) and pol.off_throughput(2) is not None    # a neighbour's
+    burst = []
+    while len(burst) < 4 and pol.draft_step(2):
+        _drafted_step(pol, _rows(2, 0.99))
+        burst.append(pol.gate.off)
+    assert burst == [True, True, True]
+    pol.observe_off_step(2, 0.0105)
+    assert pol.off_times.measured(2) and not pol.gate.off
 
 
 def test_step_gaps_keep_a_robust_median_per_kind_and_r_with_nearest_fallbacks():

@@ -18,7 +18,9 @@ choice never flaps (the failure of a batch-size-keyed switch, vLLM #49548):
   costs several plain ones, and coming back on still waits for the dwell);
 * off -> on when the drafted plan, priced on what the policy last knew of the drafts
   (their survival over the last drafted steps, averaged: a re-draft step's own
-  confidences count as one more sample), wins by ``on_margin``, after ``min_dwell``;
+  confidences count as one more sample), wins by ``on_margin``, after ``min_dwell``,
+  against a no-draft time measured at this load, not one read from a neighbouring load
+  (the off steps after a re-draft burst measure it);
 * the dwell is waived once the load has left the band ``[load_drop, 1 / load_drop]``
   times the load at the last switch: that switch was decided for another load;
 * while off, a *re-draft* burst of ``redraft_len`` drafted steps after ``redraft_every``
@@ -128,6 +130,11 @@ class OffTimes(UniformTimes):
         if not e[2]:
             return True
         return self._model_steps() < self.STALE_GROWTH * max(self._steps_at.get(r, 0), 1)
+
+    def measured(self, num_req: int) -> bool:
+        """Whether ``num_req`` has a no-draft time of its own (not read from a neighbour's
+        ratio, not stale)."""
+        return self._fresh(int(num_req))
 
     def get(self, num_req: int) -> Optional[float]:
         r = int(num_req)

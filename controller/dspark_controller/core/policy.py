@@ -413,14 +413,17 @@ class BudgetPolicy:
     def _vote(self, d: Decision, prices: tuple, num_req: int) -> None:
         """A local plan's verdict on plain decoding (priced by what such steps realised).
         While drafting is off (a re-draft step) the verdict on coming back is priced like the
-        off steps' (:meth:`known_theta`, the smoothed survival), not on this one step's."""
+        off steps' (:meth:`known_theta`, the smoothed survival), not on this one step's, and
+        only against a no-draft time measured at this R (:meth:`OffTimes.measured`)."""
         gate = self.gate
         if gate is None:
             return
-        theta_on = prices[0]
+        theta_on, theta_off = prices
         if gate.off and gate.pinned is None and int(d.budget) > 0:
             theta_on = self.known_theta(num_req)
-        gate.vote(theta_on=theta_on, theta_off=prices[1], best_budget=int(d.budget), num_req=num_req)
+            if not self.off_times.measured(num_req):
+                theta_off = None      # back on only against a no-draft time measured at this R
+        gate.vote(theta_on=theta_on, theta_off=theta_off, best_budget=int(d.budget), num_req=num_req)
 
     def _know(self, row: np.ndarray) -> None:
         """What the policy knows of the drafts while none are made: the mean survival per
