@@ -41,8 +41,9 @@ Strategies, each with its constants in :class:`PolicyConfig` and an off switch:
   into drafting or not; off steps are also run on a small share of steps to measure
   their time where it is unknown (``off_probe_prob_unknown``) or known (``off_probe_prob``).
   Drafting is priced by the plan times what such steps realised over what they predicted
-  (time-weighted, as the no-draft steps' mean time prices off), and no vote for off is cast at a load before ``measure_full_steps`` full-budget steps
-  ran there (the budget a profile fitted on smaller ones extrapolates furthest).
+  (time-weighted, as the no-draft steps' mean time prices off), and no vote for off is
+  cast at a load before ``measure_full_steps`` full-budget steps ran there (the budget a
+  profile fitted on smaller ones extrapolates furthest).
 
 An ablation is a config change: ``PolicyConfig(probe=False)`` etc.
 
