@@ -293,6 +293,44 @@ def test_drafting_comes_back_only_against_a_no_draft_time_measured_at_that_load(
     assert pol.off_times.measured(2) and not pol.gate.off
 
 
+def test_drafting_comes_back_only_as_far_as_drafted_steps_at_that_load_realised():
+    # off at 4 requests, where drafted steps realised ~273 tokens/s against no-draft steps'
+    # ~381; confident plans at 2 requests then lift the survival the gate prices drafting
+    # on (0.99: ~576 at 4 requests on the profile).  Back at 4 an off step does not switch
+    # drafting on against what drafted steps there realised; confident re-draft bursts at 4
+    # raise that, and drafting comes back
+    r, off_s = 4, 0.0105
+    pol = BudgetPolicy(local_model=_model(), config=_QUIET)
+    for _ in range(3):                  # no no-draft time yet: no vote, drafting runs
+        assert pol.draft_step(r)
+        _drafted_step(pol, _rows(r, 0.5))
+    pol = _switched_off(pol, _rows(r, 0.5), off_s)
+    low = pol.realised_rate(r)
+    assert low is not None and low < pol.off_throughput(r)
+    drafted = 0
+    for _ in range(1000):               # no off step is measured at 2: no switch there
+        if drafted == 9:
+            break
+        if pol.draft_step(2):
+            drafted += 1
+            _drafted_step(pol, _rows(2, 0.99))
+    assert drafted == 9 and pol.gate.off and not pol.off_times.measured(2)
+    pol.observe_off_step(r, off_s)
+    assert pol.gate.off and pol.known_theta(r) == pytest.approx(low)
+    uncapped = BudgetPolicy.known_theta.__get__(pol)
+    pol.realised_rate = lambda n: None
+    assert uncapped(r) > 1.05 * pol.off_throughput(r)      # what the profile's plan alone says
+    del pol.realised_rate
+    steps = 0
+    while pol.gate.off and steps < 2000:
+        steps += 1
+        if pol.draft_step(r):
+            _drafted_step(pol, _rows(r, 0.99))
+        else:
+            pol.observe_off_step(r, off_s)
+    assert not pol.gate.off and pol.realised_rate(r) > pol.off_throughput(r), (steps, pol.realised_rate(r))
+
+
 def test_step_gaps_keep_a_robust_median_per_kind_and_r_with_nearest_fallbacks():
     g = StepGaps(window=5)
     assert g.get(4, drafted=True) == 0.0                   # nothing measured: no gap

@@ -41,7 +41,8 @@ Strategies, each with its constants in :class:`PolicyConfig` and an off switch:
   into drafting or not; off steps are also run on a small share of steps to measure
   their time where it is unknown (``off_probe_prob_unknown``) or known (``off_probe_prob``).
   Drafting is priced by the plan times what such steps realised over what they predicted
-  (time-weighted, as the no-draft steps' mean time prices off), and no vote for off is
+  (time-weighted, as the no-draft steps' mean time prices off); coming back on, it is
+  priced at most at what drafted steps at that load realised, and no vote for off is
   cast at a load before ``measure_full_steps`` full-budget steps ran there (the budget a
   profile fitted on smaller ones extrapolates furthest).
 
@@ -254,7 +255,8 @@ class BudgetPolicy:
         self.operator_pin: Optional[bool] = None   # True: always draft, False: never (None: the policy)
         # what the local plans' drafted steps realised against what they predicted, per R and
         # over all R (forgotten sums), so the gate prices drafting by outcomes
-        self._realised: dict[int, list] = {}     # R -> [realised tokens, predicted tokens in the same seconds, steps]
+        # R -> [realised tokens, predicted tokens in the same seconds, steps, seconds per period]
+        self._realised: dict[int, list] = {}
         self._full_measured: Counter = Counter()  # load bucket -> full-budget steps run before an off vote
         self.step_gaps = StepGaps()      # the scheduler's host time per step (period pricing)
         self._real_vs_pred = [0.0, 0.0]
@@ -331,15 +333,28 @@ class BudgetPolicy:
         """Drafting's expected tokens/s at ``num_req`` requests while none is drafted: what
         the best drafted plan with every request drafting like the recent local plans' mean
         survival (:meth:`_know`), scaled by what drafted steps realised over what they
-        predicted (None: no plan or profile yet)."""
+        predicted, and at most what the local plans' drafted steps at this R realised
+        (:meth:`realised_rate`): the gate comes back on evidence, not on a profile's guess
+        at a budget that has not run here (None: no plan or profile yet)."""
         row, model = self._known_row, self.local_model
         if row is None or model is None or not getattr(model, "ready", False):
             return None
         survival = np.tile(row, (int(num_req), 1))
         planned = self._argmax(survival, model.sps_function(int(num_req)))
         d = self._uniform_if_better(planned, survival, int(num_req), int(survival.size), admitted=True)
-        return self.realised_theta(int(num_req), self._admitted(d, planned, int(num_req), int(survival.size)),
-                                   d.predicted_step_seconds)
+        theta = self.realised_theta(int(num_req), self._admitted(d, planned, int(num_req), int(survival.size)),
+                                    d.predicted_step_seconds)
+        rate = self.realised_rate(int(num_req))
+        return theta if theta is None or rate is None else min(theta, rate)
+
+    def realised_rate(self, num_req: int) -> Optional[float]:
+        """Tokens/s per period (step plus the scheduler's gap) that the local plans' drafted
+        steps at ``num_req`` requests realised (forgotten sums), once ``REALISED_MIN`` ran
+        there; None before."""
+        e = self._realised.get(int(num_req))
+        if e is None or e[2] < REALISED_MIN or not e[3] > 0:
+            return None
+        return e[0] / e[3]
 
     def realised_theta(self, num_req: int, predicted: Optional[float],
                        predicted_step_s: Optional[float] = None) -> Optional[float]:
@@ -371,10 +386,11 @@ class BudgetPolicy:
         if pending is None or not pending > 0:
             return
         pred_tokens = float(pending) * float(step_s)
-        e = self._realised.setdefault(int(num_req), [0.0, 0.0, 0])
+        e = self._realised.setdefault(int(num_req), [0.0, 0.0, 0, 0.0])
         e[0] = e[0] * REALISED_DECAY_R + float(tokens)
         e[1] = e[1] * REALISED_DECAY_R + pred_tokens
         e[2] += 1
+        e[3] = e[3] * REALISED_DECAY_R + float(step_s) + self.step_gaps.get(num_req, drafted=True)
         self._real_vs_pred[0] = self._real_vs_pred[0] * REALISED_DECAY + float(tokens)
         self._real_vs_pred[1] = self._real_vs_pred[1] * REALISED_DECAY + pred_tokens
 
