@@ -188,6 +188,23 @@ def test_off_times_follow_the_profile_and_fill_unmeasured_r_from_the_nearest():
     assert OffTimes(m).get(4) is None
 
 
+def test_off_times_average_their_first_samples_and_are_measured_from_min_samples():
+    # a cold first no-draft step (3x) is one sample among the first few, not the seed of a
+    # moving average that keeps half its weight over the next 7
+    m = _model()
+    t = OffTimes(m)
+    base = 0.5 * float(m.predict_step_time(1, 1))
+    t.observe_off(1, 3 * base)
+    for i in range(t.MIN_SAMPLES - 1):
+        assert not t.measured(1)
+        t.observe_off(1, base)
+    assert t.measured(1)
+    assert t.get(1) == pytest.approx(base * (1 + 2 / t.MIN_SAMPLES))
+    for _ in range(60):
+        t.observe_off(1, base)
+    assert t.get(1) == pytest.approx(base, rel=0.01)
+
+
 def test_gate_prices_drafting_by_what_drafted_steps_realised_not_by_the_profiles_prediction():
     # the profile predicts drafted steps 40% too fast (a stale or optimistic profile): on
     # predictions alone drafting wins, on what the steps realised plain decoding does
@@ -289,6 +306,9 @@ def test_drafting_comes_back_only_against_a_no_draft_time_measured_at_that_load(
         _drafted_step(pol, _rows(2, 0.99))
         burst.append(pol.gate.off)
     assert burst == [True, True, True]
+    for _ in range(pol.off_times.MIN_SAMPLES - 1):     # a few off steps are not a measurement yet
+        pol.observe_off_step(2, 0.0105)
+    assert not pol.off_times.measured(2) and pol.gate.off
     pol.observe_off_step(2, 0.0105)
     assert pol.off_times.measured(2) and not pol.gate.off
 

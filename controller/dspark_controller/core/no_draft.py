@@ -19,8 +19,9 @@ choice never flaps (the failure of a batch-size-keyed switch, vLLM #49548):
 * off -> on when the drafted plan, priced on what the policy last knew of the drafts
   (their survival over the last drafted steps, averaged: a re-draft step's own
   confidences count as one more sample), wins by ``on_margin``, after ``min_dwell``,
-  against a no-draft time measured at this load, not one read from a neighbouring load
-  (the off steps after a re-draft burst measure it);
+  against a no-draft time measured at this load (``OffTimes.MIN_SAMPLES`` off steps or
+  more), not one read from a neighbouring load (the off steps after a re-draft burst
+  measure it);
 * the dwell is waived once the load has left the band ``[load_drop, 1 / load_drop]``
   times the load at the last switch: that switch was decided for another load;
 * while off, a *re-draft* burst of ``redraft_len`` drafted steps after ``redraft_every``
@@ -45,7 +46,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from dspark_controller.core.strategies import UniformTimes
+from dspark_controller.core.strategies import UNIFORM_EMA, UniformTimes
 
 __all__ = ["GateConfig", "DraftGate", "OffTimes", "StepGaps", "off_wins", "per_period"]
 
@@ -99,25 +100,37 @@ class OffTimes(UniformTimes):
     Stored like :class:`~dspark_controller.core.strategies.UniformTimes` (as a ratio to the
     profile's prediction for ``R`` requests and ``B = R`` batch tokens once it is ready, so
     the time follows the machine's drift); an ``R`` never measured is read from the nearest
-    measured ``R``'s ratio times the prediction at ``(R, R)``.  A ratio taken against a
-    profile that has since seen ``STALE_GROWTH`` times as many steps is stale (the profile's
-    shape moved under it, not the machine: on the ``deep`` pair a ratio from the warm-up
-    read a 4-request no-draft step as 193 ms where it took about 60) and reads as unmeasured,
-    so the policy's off probes measure it again."""
+    measured ``R``'s ratio times the prediction at ``(R, R)``.  An ``R``'s value is the mean
+    of its samples until ``UNIFORM_EMA`` weighs more, then that moving average, so its first
+    samples do not outweigh the rest.  A ratio taken against a profile that has since seen
+    ``STALE_GROWTH`` times as many steps is stale (the profile's shape moved under it, not
+    the machine: on the ``deep`` pair a ratio from the warm-up read a 4-request no-draft
+    step as 193 ms where it took about 60) and reads as unmeasured, so the policy's off
+    probes measure it again.  An ``R`` counts as measured (:meth:`measured`) from
+    ``MIN_SAMPLES`` fresh samples on."""
 
     STALE_GROWTH = 4
+    MIN_SAMPLES = 8
 
     def __init__(self, model=None) -> None:
         super().__init__(model)
         self._steps_at: dict[int, int] = {}     # R -> the profile's step count at the last sample
+        self._samples: dict[int, int] = {}      # R -> samples in its current value
 
     def observe_off(self, num_req: int, step_s: float) -> None:
         r = int(num_req)
         if not step_s > 0:
             return
-        if r in self.base and not self._fresh(r):
-            del self.base[r]          # a stale ratio is replaced, not averaged in
-        self.observe(r, step_s, batch_tokens=r)
+        pred = self._pred(r, r)
+        x, is_ratio = (float(step_s) / pred, True) if pred is not None else (float(step_s), False)
+        old = self.base.get(r)
+        if old is None or not self._fresh(r) or old[2] != is_ratio:
+            self.base[r] = [x, r, is_ratio]    # a stale ratio is replaced, not averaged in
+            self._samples[r] = 1
+        else:
+            n = self._samples.get(r, 1) + 1
+            self._samples[r] = n
+            old[0] += max(1.0 / n, UNIFORM_EMA) * (x - old[0])
         self._steps_at[r] = self._model_steps()
 
     def _model_steps(self) -> int:
@@ -132,9 +145,10 @@ class OffTimes(UniformTimes):
         return self._model_steps() < self.STALE_GROWTH * max(self._steps_at.get(r, 0), 1)
 
     def measured(self, num_req: int) -> bool:
-        """Whether ``num_req`` has a no-draft time of its own (not read from a neighbour's
-        ratio, not stale)."""
-        return self._fresh(int(num_req))
+        """Whether ``num_req`` has a no-draft time of its own from ``MIN_SAMPLES`` samples
+        or more (not read from a neighbour's ratio, not stale)."""
+        r = int(num_req)
+        return self._fresh(r) and self._samples.get(r, 0) >= self.MIN_SAMPLES
 
     def get(self, num_req: int) -> Optional[float]:
         r = int(num_req)

@@ -308,13 +308,15 @@ class BudgetPolicy:
         self.step_gaps.observe(num_req, drafted, gap_s)
 
     def observe_off_step(self, num_req: int, step_s: float) -> None:
-        """A no-draft step's measured seconds: its time per R, then the gate's check
-        whether drafting, priced on the last known survival, pays again."""
+        """A no-draft step's measured seconds: its time per R, then, once that time is
+        measured (:meth:`OffTimes.measured`), the gate's check whether drafting, priced on
+        the last known survival, pays again."""
         if not step_s > 0 or num_req <= 0:
             return
         self.off_times.observe_off(num_req, step_s)
         gate = self.gate
-        if gate is not None and gate.off and gate.pinned is None and gate.may_switch(num_req):
+        if (gate is not None and gate.off and gate.pinned is None and gate.may_switch(num_req)
+                and self.off_times.measured(num_req)):
             gate.vote_back(self.known_theta(num_req), self.off_throughput(num_req), num_req)
 
     def drafting_known_to_lose(self, num_req: int) -> bool:
