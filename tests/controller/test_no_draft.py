@@ -261,8 +261,10 @@ def _drafted_step(pol, survival):
 
 
 def _switched_off(pol, survival, off_s):
-    """Drafted steps at ``survival`` (which loses to no-draft steps of ``off_s``) until off."""
-    pol.observe_off_step(survival.shape[0], off_s)
+    """Drafted steps at ``survival`` (which loses to no-draft steps of ``off_s``, measured)
+    until off."""
+    for _ in range(pol.off_times.MIN_SAMPLES):
+        pol.observe_off_step(survival.shape[0], off_s)
     for _ in range(10):
         assert pol.draft_step(survival.shape[0])
         _drafted_step(pol, survival)
@@ -349,6 +351,31 @@ def test_drafting_comes_back_only_as_far_as_drafted_steps_at_that_load_realised(
         else:
             pol.observe_off_step(r, off_s)
     assert not pol.gate.off and pol.realised_rate(r) > pol.off_throughput(r), (steps, pol.realised_rate(r))
+
+
+def test_an_off_vote_on_a_time_not_measured_at_that_load_measures_it_first():
+    # no-draft steps measured at 1 request only; at 4 requests their time is read from that
+    # ratio (here 4x too fast: off looks far better than drafting). The plan's vote for off
+    # is no vote: the next steps at 4 run without drafts until 8 samples measure the real
+    # time, which loses to drafting, and drafting stays on
+    m = _model()
+    pol = BudgetPolicy(local_model=m, config=_QUIET)
+    for _ in range(pol.off_times.MIN_SAMPLES):
+        pol.observe_off_step(1, 0.25 * float(m.predict_step_time(1, 1)))
+    real_off_s = 0.05                                  # 80 tokens/s at 4 requests
+    assert pol.off_throughput(4) > 300 and not pol.off_times.measured(4)
+    kinds = []
+    for _ in range(40):
+        if pol.draft_step(4):
+            kinds.append("drafted")
+            _drafted_step(pol, _rows(4, 0.5))
+        else:
+            kinds.append(pol.last_draft_reason)
+            pol.observe_off_step(4, real_off_s)
+        assert not pol.gate.off
+    assert kinds[0] == "drafted"                      # the plan that wanted the measurement
+    assert kinds.count("probe") == pol.off_times.MIN_SAMPLES, kinds
+    assert kinds[-1] == "drafted" and pol.off_times.measured(4) and pol.gate.switches["off"] == 0
 
 
 def test_step_gaps_keep_a_robust_median_per_kind_and_r_with_nearest_fallbacks():

@@ -39,7 +39,9 @@ Strategies, each with its constants in :class:`PolicyConfig` and an off switch:
 * **no-draft steps** -- each priced local plan votes on plain decoding against its own
   expected tokens/s, and a :class:`.no_draft.DraftGate` with hysteresis turns the votes
   into drafting or not; off steps are also run on a small share of steps to measure
-  their time where it is unknown (``off_probe_prob_unknown``) or known (``off_probe_prob``).
+  their time where it is unknown (``off_probe_prob_unknown``) or known (``off_probe_prob``),
+  and on every step at a load where a plan found off better on a time not measured there,
+  until it is (a vote for off counts only on a measured time).
   Drafting is priced by the plan times what such steps realised over what they predicted
   (time-weighted, as the no-draft steps' mean time prices off); coming back on, it is
   priced at most at what drafted steps at that load realised, and no vote for off is
@@ -251,6 +253,7 @@ class BudgetPolicy:
         self.gate: Optional[DraftGate] = DraftGate(config.gate) if config.no_draft and enabled else None
         self.off_times = OffTimes(local_model)
         self.off_probes = 0
+        self._off_wanted: set[int] = set()   # R whose no-draft time a vote wants measured first
         self._known_row: Optional[np.ndarray] = None
         self.operator_pin: Optional[bool] = None   # True: always draft, False: never (None: the policy)
         # what the local plans' drafted steps realised against what they predicted, per R and
@@ -269,8 +272,9 @@ class BudgetPolicy:
     def draft_step(self, num_req: int) -> bool:
         """Before a step: draft it (True), or decode it without drafts (False).  From
         earlier steps only: an operator's pin (:attr:`operator_pin`), a controller's fresh
-        ``no_draft`` pin, the gate's state, and a private-RNG coin that runs an off step to
-        measure its time.  :attr:`last_draft_reason` says which decided."""
+        ``no_draft`` pin, the gate's state, and an off step run to measure its time: at a
+        load where a vote wants it measured (:meth:`_vote`), else on a private-RNG coin.
+        :attr:`last_draft_reason` says which decided."""
         gate = self.gate
         if gate is None or num_req <= 0:
             self.last_draft_reason = "no_gate"
@@ -285,8 +289,12 @@ class BudgetPolicy:
         if reason is None:
             reason = "redraft" if gate.last_kind == "redraft" else "gate"
         if drafting and not gate.off and gate.pinned is None and self.local_model is not None:
+            wanted = num_req in self._off_wanted
+            if wanted and self.off_times.measured(num_req):
+                self._off_wanted.discard(num_req)
+                wanted = False
             known = self.off_times.get(num_req) is not None
-            p = self.config.off_probe_prob if known else self.config.off_probe_prob_unknown
+            p = 1.0 if wanted else (self.config.off_probe_prob if known else self.config.off_probe_prob_unknown)
             if p > 0 and getattr(self.local_model, "ready", False) and self._rng.random() < p:
                 self.off_probes += 1
                 gate.recount_as_off()
@@ -433,7 +441,10 @@ class BudgetPolicy:
         """A local plan's verdict on plain decoding (priced by what such steps realised).
         While drafting is off (a re-draft step) the verdict on coming back is priced like the
         off steps' (:meth:`known_theta`, the smoothed survival), not on this one step's, and
-        only against a no-draft time measured at this R (:meth:`OffTimes.measured`)."""
+        only against a no-draft time measured at this R (:meth:`OffTimes.measured`).  While
+        drafting, a verdict for off on a time not measured at this R (read from another R,
+        or from fewer samples) is no vote: the next steps at this R run without drafts until
+        it is measured (:meth:`draft_step`), and the steps after them vote on it."""
         gate = self.gate
         if gate is None:
             return
@@ -442,6 +453,10 @@ class BudgetPolicy:
             theta_on = self.known_theta(num_req)
             if not self.off_times.measured(num_req):
                 theta_off = None      # back on only against a no-draft time measured at this R
+        elif (gate.pinned is None and int(d.budget) > 0 and not self.off_times.measured(num_req)
+              and off_wins(theta_on, theta_off, best_budget=int(d.budget), margin=gate.config.off_margin)):
+            self._off_wanted.add(int(num_req))      # off only on a time measured here: probe it first
+            theta_off = None
         gate.vote(theta_on=theta_on, theta_off=theta_off, best_budget=int(d.budget), num_req=num_req)
 
     def _know(self, row: np.ndarray) -> None:
