@@ -115,23 +115,18 @@ class OffTimes(UniformTimes):
     def __init__(self, model=None) -> None:
         super().__init__(model)
         self._steps_at: dict[int, int] = {}     # R -> the profile's step count at the last sample
-        self._samples: dict[int, int] = {}      # R -> samples in its current value
 
     def observe_off(self, num_req: int, step_s: float) -> None:
         r = int(num_req)
         if not step_s > 0:
             return
-        pred = self._pred(r, r)
-        x, is_ratio = (float(step_s) / pred, True) if pred is not None else (float(step_s), False)
-        old = self.base.get(r)
-        if old is None or not self._fresh(r) or old[2] != is_ratio:
-            self.base[r] = [x, r, is_ratio]    # a stale ratio is replaced, not averaged in
-            self._samples[r] = 1
-        else:
-            n = self._samples.get(r, 1) + 1
-            self._samples[r] = n
-            old[0] += max(1.0 / n, UNIFORM_EMA) * (x - old[0])
+        if r in self.base and not self._fresh(r):
+            del self.base[r]          # a stale ratio is replaced, not averaged in
+        self.observe(r, step_s, batch_tokens=r)
         self._steps_at[r] = self._model_steps()
+
+    def _weight(self, n: int) -> float:
+        return max(1.0 / n, UNIFORM_EMA)    # the mean of the first samples, then the moving average
 
     def _model_steps(self) -> int:
         return int(getattr(self.model, "steps", 0) or 0)
@@ -148,7 +143,7 @@ class OffTimes(UniformTimes):
         """Whether ``num_req`` has a no-draft time of its own from ``MIN_SAMPLES`` samples
         or more (not read from a neighbour's ratio, not stale)."""
         r = int(num_req)
-        return self._fresh(r) and self._samples.get(r, 0) >= self.MIN_SAMPLES
+        return self._fresh(r) and self.samples.get(r, 0) >= self.MIN_SAMPLES
 
     def get(self, num_req: int) -> Optional[float]:
         r = int(num_req)

@@ -269,6 +269,7 @@ class UniformTimes:
         self.model = model
         # R -> [EMA value, batch tokens of the uniform step, True when the value is a ratio]
         self.base: dict[int, list] = {}
+        self.samples: dict[int, int] = {}       # R -> samples in its current value
 
     def _pred(self, num_req: int, batch_tokens: int) -> Optional[float]:
         m = self.model
@@ -286,9 +287,17 @@ class UniformTimes:
         old = self.base.get(r)
         if old is None or old[2] != is_ratio:      # first sample, or the profile just got ready
             self.base[r] = [x, int(batch_tokens), is_ratio]
+            self.samples[r] = 1
         else:
-            old[0] += UNIFORM_EMA * (x - old[0])
+            n = self.samples.get(r, 1) + 1
+            self.samples[r] = n
+            old[0] += self._weight(n) * (x - old[0])
             old[1] = int(batch_tokens)
+
+    def _weight(self, n: int) -> float:
+        """Weight of an R's ``n``-th sample in its average."""
+        del n
+        return UNIFORM_EMA
 
     def get(self, num_req: int) -> Optional[float]:
         """Seconds of a uniform-path step at ``num_req`` requests, on today's clock (None: none seen)."""
