@@ -58,6 +58,51 @@ def policy_config(settings) -> PolicyConfig:
     return cfg if settings.explore_prob is None else cfg.with_fixed_exploration(float(settings.explore_prob))
 
 
+class RelayedRows:
+    """Which relayed confidence rows are the request's own.
+
+    Under overlap scheduling SGLang relays each request's confidences from the last drafted
+    step through a buffer indexed by request slot, and on CPU it stamps the row with the
+    slot's *current* generation (``ConfidenceRelay.resolve``), so a request that has not
+    drafted yet reads what the slot last held: the previous request's confidences, or an
+    uninitialised buffer (a trace on the ``deep`` pair had 1e33 and NaN in the lagged
+    survival at the start of each wave).  A row is the request's own once the request has
+    been in ``lag`` drafted steps (the relay's delay; 0 when SGLang plans on the step's own
+    confidences, without overlap scheduling); :meth:`mask` turns the others into NaN, which
+    the policy reads as "unknown" (``BudgetPolicy.calibrated``).  Call :meth:`mask` once per
+    drafted step, before SGLang's lag shift."""
+
+    def __init__(self, lag: int) -> None:
+        if int(lag) < 0:
+            raise ValueError(f"RelayedRows lag={lag!r}: must be >= 0")
+        self.lag = int(lag)
+        self._gen = torch.full((0,), -1, dtype=torch.int64)    # slot -> generation counted
+        self._drafted = torch.zeros((0,), dtype=torch.int64)   # slot -> drafted steps of that generation
+        self.unknown_rows = 0
+
+    def mask(self, confidence: torch.Tensor, rows: torch.Tensor, generation: torch.Tensor) -> torch.Tensor:
+        """``confidence`` [R, gamma] with the rows not yet the request's own set to NaN;
+        ``rows`` the requests' slots, ``generation`` their current generations; counts this
+        step as drafted for them."""
+        if self.lag == 0 or rows.numel() == 0:
+            return confidence
+        rows, generation = rows.to("cpu", torch.int64), generation.to("cpu", torch.int64)
+        need = int(rows.max()) + 1
+        if need > self._gen.shape[0]:
+            grow = max(need, 2 * self._gen.shape[0])
+            self._gen = torch.cat([self._gen, torch.full((grow - self._gen.shape[0],), -1, dtype=torch.int64)])
+            self._drafted = torch.cat([self._drafted, torch.zeros(grow - self._drafted.shape[0], dtype=torch.int64)])
+        drafted = torch.where(self._gen[rows] == generation, self._drafted[rows], 0)
+        self._gen[rows] = generation
+        self._drafted[rows] = drafted + 1
+        own = drafted >= self.lag
+        if bool(own.all()):
+            return confidence
+        self.unknown_rows += int((~own).sum())
+        return torch.where(own.to(confidence.device).view(-1, 1), confidence,
+                           torch.full_like(confidence, float("nan")))
+
+
 def _host_array(survival) -> np.ndarray:
     """float64 numpy copy of a survival matrix (torch tensor on any device, or numpy)."""
     if isinstance(survival, np.ndarray):
@@ -77,6 +122,11 @@ class OnlineBudgetPlanner(HostConfidenceBudgetPlanner):
         relay = max(int(base.lag_steps) - int(base.carry_steps), 0)
         super().__init__(sps_table=base.sps_table, cfg=base.cfg,
                          model_runner=base._model_runner, relay_lag_steps=relay)
+        # the relay's delay in drafted steps: none without overlap scheduling (SGLang plans
+        # on the step's own confidences), one on CPU (the relay reads the last publish),
+        # SGLang's ring lag on a GPU
+        on_cpu = torch.device(getattr(base._model_runner, "device", "cpu")).type == "cpu"
+        self.relayed = RelayedRows(0 if relay == 0 else (1 if on_cpu else relay))
         self.forced_budget_frac = base.forced_budget_frac
         self.policy = policy
         self.last_budget: Optional[int] = None
@@ -139,6 +189,7 @@ class OnlineBudgetPlanner(HostConfidenceBudgetPlanner):
             return 0
         clock, phases = time.perf_counter, self.phase_time_s
         t0 = clock()
+        confidence = self.relayed.mask(confidence, req_pool_indices_cpu, current_generation)
         lagged_c, lagged_g = self._shift_to_lag(
             confidence=confidence, generation=generation,
             req_pool_indices_cpu=req_pool_indices_cpu)
@@ -204,7 +255,11 @@ class OnlineBudgetPlanner(HostConfidenceBudgetPlanner):
         return not is_uninitialized_sps_table(self.sps_table)
 
     def _table_decision(self, survival, source: str) -> VerifyBudgetDecision:
-        """SGLang's own K: its static table on its uncalibrated lagged survival (none = verify all)."""
+        """SGLang's own K: its static table on its uncalibrated lagged survival (none = verify
+        all); a row whose confidences are not the request's own (NaN, :class:`RelayedRows`)
+        survives with 1, SGLang's value for a row it knows to be stale."""
+        if bool(torch.isnan(survival).any()):
+            survival = torch.nan_to_num(survival, nan=1.0)
         decision = compute_verify_token_budget(history_survival_probs=survival, sps_table=self.sps_table,
                                                cfg=self.cfg)
         self.policy.note(source)

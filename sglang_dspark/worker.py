@@ -465,6 +465,10 @@ class DSparkControlledWorker(DSparkWorkerV2):
                 "host_layouts": None if self._host_layouts is None else self._host_layouts.summary(),
                 "survival_calibration": (None if self._policy.calibrator is None
                                          else self._policy.calibrator.summary()),
+                # planned rows whose relayed confidences were not the request's own yet
+                # (budget.RelayedRows: planned on what the policy knows instead)
+                "survival_unknown_rows": (None if self._online_planner is None
+                                          else self._online_planner.relayed.unknown_rows),
                 "no_draft": self._no_draft_state(),
             })
         return state

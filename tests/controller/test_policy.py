@@ -149,6 +149,29 @@ def test_calibrator_is_identity_before_any_observation_and_nan_safe():
     assert np.isfinite(out).all() and out[0, 0] == pytest.approx(0.3)
 
 
+def test_unknown_rows_are_planned_on_the_known_row_and_never_calibrate():
+    # a NaN row: the worker has no confidences of that request's own (budget.RelayedRows)
+    pol = BudgetPolicy(local_model=_FlatModel(), config=_old(calibration=True, explore=False, probe=False,
+                                                              no_draft=False))
+    known = _rows([[0.9, 0.9, 0.9]])
+    pol.decide(np.repeat(known, 2, axis=0), max_len=3)
+    assert pol.last_known is None and np.allclose(pol._known_row, known[0])
+    raw = np.vstack([known, np.full((1, 3), np.nan)])
+    s = pol.calibrated(raw, 3)
+    assert np.allclose(s, known) and pol.last_known.tolist() == [True, False] and pol.unknown_rows == 1
+    # the mean row learns from the known rows only
+    pol.decide(np.vstack([_rows([[0.5, 0.5, 0.5]]), np.full((1, 3), np.nan)]), max_len=3)
+    assert np.allclose(pol._known_row, known[0] + 0.25 * (_rows([[0.5, 0.5, 0.5]])[0] - known[0]))
+    # no mean row yet: this step's known rows' mean, else 1 (SGLang's value)
+    fresh = BudgetPolicy(local_model=_FlatModel(), config=_old(explore=False, probe=False, no_draft=False))
+    assert np.allclose(fresh.calibrated(raw, 3), known)
+    assert np.allclose(fresh.calibrated(np.full((2, 3), np.nan), 3), 1.0)
+    # the calibrator counts no position of an unknown row
+    cal = SurvivalCalibrator(bins=4, prior_weight=1.0, half_life=1e9)
+    cal.observe(raw, [3, 0], [3, 3])
+    assert cal.n.sum() == pytest.approx(3)
+
+
 class _FlatModel:
     """Stand-in SPS model: step time = 20 ms + 1 ms per verified token."""
     ready = True

@@ -20,11 +20,13 @@ _cache: dict = {}
 
 
 def _job(tiny_pair, tmp_path_factory, *, spec_env=None, prompts=PROMPTS, max_new=MAX_NEW,
-         max_running=3, dump=False):
-    key = (tuple(sorted((spec_env or {}).items())), tuple(prompts), tuple(max_new), max_running, dump)
+         max_running=3, dump=False, overlap=False):
+    key = (tuple(sorted((spec_env or {}).items())), tuple(prompts), tuple(max_new), max_running, dump, overlap)
     if key in _cache:
         return _cache[key]
     kw = engine_kwargs(tiny_pair, dtype="float32", max_running_requests=max_running)
+    if overlap:
+        kw["disable_overlap_schedule"] = False
     env = {"SGLANG_DSPARK_LOG_INTERVAL_S": "0"}
     if spec_env is not None:
         kw.update(speculative_algorithm="DSPARK", speculative_draft_model_path=tiny_pair["draft"])
@@ -72,6 +74,25 @@ def test_random_no_draft_steps_keep_greedy_output(mode, arms, tiny_pair, tmp_pat
     # the drafted arm still accepted drafts (speculation really ran between off steps)
     drafted = [a for a in tot if a != "off"][0]
     assert tot[drafted]["tokens"] > tot[drafted]["requests"]
+
+
+def test_overlap_scheduling_keeps_greedy_output_and_plans_unknown_relayed_rows_as_unknown(
+        tiny_pair, tmp_path_factory):
+    # SGLang's default for servers: the budget is planned a step ahead from confidences
+    # relayed by request slot; on CPU a request that has not drafted yet reads its slot's
+    # previous contents (budget.RelayedRows), which the policy must plan as unknown
+    base = nospec_ids(tiny_pair, PROMPTS, MAX_NEW, tmp_path_factory)
+    spec = _job(tiny_pair, tmp_path_factory, overlap=True, spec_env={
+        "SGLANG_RAGGED_VERIFY_MODE": "compact", "SGLANG_DSPARK_AB_ARMS": "off,policy",
+        "SGLANG_DSPARK_AB_SEED": "4"})
+    assert _ids(spec) == base
+    st = _state(spec)["sglang_dspark"]
+    tot = st["ab"]["totals"]
+    assert tot["off"]["steps"] >= 5 and tot["policy"]["steps"] >= 5, tot
+    # every request's first drafted step planned without confidences of its own, and only then
+    assert len(PROMPTS) <= st["survival_unknown_rows"] <= 2 * len(PROMPTS), st["survival_unknown_rows"]
+    nd = st["no_draft"]     # the off arm's steps, and the policy arm's own off steps
+    assert nd["plain_decode_steps"] == nd["steps"] >= tot["off"]["steps"], nd
 
 
 def test_a_step_drafts_after_no_draft_steps_what_an_always_drafting_run_drafts(tiny_pair, tmp_path_factory):

@@ -73,3 +73,30 @@ def test_full_budget_static_wrapper_skips_the_layout_only_at_full_budget():
     assert wrap(budget=12, req_pool_indices=rows, global_num_reqs=5) == "ragged"
     assert wrap(budget=None, req_pool_indices=rows) == "ragged"
     assert wrap.static_steps == 1 and len(calls) == 4
+
+
+def test_relayed_rows_are_unknown_until_the_request_drafted_in_its_slot():
+    # SGLang's CPU relay stamps a row with the slot's current generation, so a request that
+    # has not drafted yet reads the slot's previous request's (or uninitialised) confidences
+    from sglang_dspark.budget import RelayedRows
+
+    rel = RelayedRows(lag=1)
+    conf = torch.tensor([[0.9, 0.8], [1e33, float("nan")]])
+    slots, gen = torch.tensor([3, 7]), torch.tensor([1, 1])
+    out = rel.mask(conf, slots, gen)            # both requests' first drafted step
+    assert torch.isnan(out).all() and rel.unknown_rows == 2
+    out = rel.mask(conf, slots, gen)            # each drafted once in its slot: their own now
+    assert out is conf
+    # slot 7 handed to a new request (generation 2): unknown again, slot 3 stays known
+    out = rel.mask(conf, slots, torch.tensor([1, 2]))
+    assert torch.equal(out[0], conf[0]) and torch.isnan(out[1]).all() and rel.unknown_rows == 3
+    # a larger slot than seen so far grows the tables
+    assert torch.isnan(rel.mask(conf[:1], torch.tensor([1000]), torch.tensor([5]))).all()
+    # lag 0 (no overlap scheduling: SGLang plans on the step's own confidences): never masked
+    assert torch.equal(RelayedRows(lag=0).mask(conf[:1], slots[:1], gen[:1]), conf[:1])
+    # a GPU's ring lag: known after that many drafted steps
+    ring = RelayedRows(lag=2)
+    assert torch.isnan(ring.mask(conf, slots, gen)).all() and torch.isnan(ring.mask(conf, slots, gen)).all()
+    assert ring.mask(conf, slots, gen) is conf
+    with pytest.raises(ValueError, match="lag=-1"):
+        RelayedRows(lag=-1)

@@ -182,7 +182,8 @@ class SurvivalCalibrator:
 
     def observe(self, survival: np.ndarray, accepted: Sequence[int], verified: Sequence[int]) -> None:
         """``survival`` [R, gamma] as predicted for a step; per request the draft tokens that
-        step accepted and verified (prefix k is observed when ``verified > k``)."""
+        step accepted and verified (prefix k is observed when ``verified > k``; never in a
+        row with a NaN: no prediction was made for it)."""
         s = np.asarray(survival, dtype=np.float64)
         if s.ndim != 2 or s.shape[0] != len(accepted) or len(accepted) != len(verified):
             return
@@ -191,7 +192,7 @@ class SurvivalCalibrator:
         acc = np.asarray(accepted, dtype=np.int64).reshape(-1, 1)
         ver = np.asarray(verified, dtype=np.int64).reshape(-1, 1)
         pos = np.arange(gamma).reshape(1, -1)
-        seen = ver > pos
+        seen = (ver > pos) & ~np.isnan(s).any(axis=1, keepdims=True)
         if not seen.any():
             return
         cell = (pos * self.bins + self._bin(clip01(s)))[seen]  # flat (position, bin) index
@@ -246,6 +247,8 @@ class BudgetPolicy:
         self.warming_up = False     # the last decide() declined because the profile is young
         self.last_pred_drafts: Optional[float] = None   # the local plan's expected accepted drafts
         self.last_survival: Optional[np.ndarray] = None  # raw lagged survival of the last decision
+        self.last_known: Optional[np.ndarray] = None     # its rows that are known (None: all)
+        self.unknown_rows = 0       # rows planned without confidences of their own (calibrated())
         self._rng = random.Random(config.seed)
         # no-draft steps: the gate, the measured time of off steps per R, and the mean
         # calibrated survival per position over the recent local plans (what the policy last
@@ -472,10 +475,25 @@ class BudgetPolicy:
 
     # ------------------------------------------------------------------ decide
     def calibrated(self, raw: np.ndarray, max_len: int) -> np.ndarray:
-        """The survival the plan uses: ``raw[:, :max_len]``, calibrated when that is on."""
+        """The survival the plan uses: ``raw[:, :max_len]``, calibrated when that is on.  A
+        row with a NaN is unknown (the caller has no confidences of that request's own:
+        ``sglang_dspark.budget.RelayedRows``): it is planned with what the policy knows of
+        the drafts (the recent plans' mean row, :meth:`_know`), else with this step's known
+        rows' mean, else with 1 (SGLang's value for an unknown row), and it neither
+        calibrates nor joins the mean row (:attr:`last_known`)."""
         raw = np.asarray(raw, dtype=np.float64)[:, :max_len]
         self.last_survival = raw
-        return raw if self.calibrator is None else self.calibrator.apply(raw)
+        s = raw if self.calibrator is None else self.calibrator.apply(raw)
+        known = ~np.isnan(raw).any(axis=1)
+        self.last_known = None if known.all() else known
+        if self.last_known is not None:
+            self.unknown_rows += int((~known).sum())
+            s = np.array(s, dtype=np.float64, copy=True)
+            row = self._known_row
+            if row is None or row.shape[0] != s.shape[1]:
+                row = s[known].mean(axis=0) if known.any() else np.ones(s.shape[1])
+            s[~known] = row
+        return s
 
     def decide(self, raw_survival: np.ndarray, *, max_len: int) -> Optional[Decision]:
         """``raw_survival``: [R, positions] lagged prefix survival (numpy)."""
@@ -509,7 +527,9 @@ class BudgetPolicy:
             return None
         planned = self._argmax(survival, model.sps_function(num_req))
         d = self._uniform_if_better(planned, survival, num_req, full, admitted=True)
-        self._know(survival.mean(axis=0))
+        known = self.last_known
+        if known is None or known.any():
+            self._know((survival if known is None else survival[known]).mean(axis=0))
         prices = self._prices(d, planned, num_req, full)
         if self._measure_full_first(d, prices, num_req, full):
             return self._note("measure", Decision(budget=full))
