@@ -1,5 +1,7 @@
 """dspark_controller.core.no_draft: the drafting gate, and the policy pricing plain decoding."""
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -545,3 +547,44 @@ def test_a_load_drop_burst_ends_where_the_load_moves_to_a_known_loss_and_a_sched
     seq = [g.draft(16) for _ in range(5)]
     assert seq == [False, False, True, True, True], seq
     assert g.skipped_redrafts == 1
+
+
+def test_a_zero_budget_plan_stands_for_a_no_draft_step_against_the_uniform_path():
+    # the deep tiny pair at 16 requests (a trace, docs/benchmarks.md): a young profile priced
+    # a zero-budget step at 120 ms where it took 196 (its per-R term shrunk towards other
+    # loads'), so every plan's best budget was 0, a vote for off by rule, although a
+    # measured uniform step (0.45 s, drafts mostly accepted) beats no-draft steps (0.14 s)
+    from dspark_controller.core.strategies import UniformTimes
+
+    R, gamma = 16, 4
+    survival = np.cumprod(np.full((R, gamma), 0.92), axis=1)
+    outcomes = {}
+    for rule in (False, True):
+        m = _model(draft_s=0.0, per_token_s=0.00625, fixed_s=0.0)     # t(16, 16) = 0.1 s
+        times = UniformTimes(m)
+        for _ in range(3):
+            times.observe(R, 0.45, batch_tokens=R * (gamma + 1))
+        pol = BudgetPolicy(local_model=m, uniform_step_time=times.get,
+                           config=PolicyConfig(explore=False, probe=False, calibration=False, admission=False))
+        if not rule:
+            pol._uniform_over_off = lambda d, *args: d       # the rule off: the profile's zero budget
+        kinds = Counter()
+        for _ in range(200):
+            if not pol.draft_step(R):
+                pol.observe_off_step(R, 0.14)
+                kinds["off"] += 1
+                continue
+            d = pol.decide(survival, max_len=gamma)
+            uniform = d.budget >= R * gamma
+            acc = [3] * R if uniform else [0] * R
+            pol.observe_step(survival=survival, accepted=acc, verified=[gamma] * R if uniform else [0] * R,
+                             pred_drafts=pol.last_pred_drafts, uniform=uniform, step_s=0.45 if uniform else 0.2)
+            kinds["uniform" if uniform else "zero"] += 1
+        outcomes[rule] = (pol.gate.off, kinds, pol.gate.switches["off"])
+    assert outcomes[False][0] and outcomes[False][1]["off"] > 150, outcomes   # off on the profile's guess
+    off, kinds, switches = outcomes[True]
+    # the first plan (no no-draft time measured yet) casts no vote: off steps measure it (8
+    # samples), then every plan takes the uniform path: 16 x 4 tokens in 0.45 s against 16
+    # in 0.14 s, and drafting never switches off
+    assert not off and switches == 0 and kinds["uniform"] > 180 and kinds["zero"] == 1, outcomes
+    assert outcomes[True][1]["off"] >= OffTimes.MIN_SAMPLES

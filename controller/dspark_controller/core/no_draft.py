@@ -309,6 +309,11 @@ class DraftGate:
                 self.dwell_waived += 1
             self._switch(True, num_req)
 
+    def abstain(self) -> None:
+        """A drafted step that casts no vote (its verdict waits for a measured no-draft
+        time): the run of consecutive off votes starts again."""
+        self.off_votes = 0
+
     def vote_back(self, theta_on: Optional[float], theta_off: Optional[float], num_req: int) -> None:
         """While off: come back when drafting (priced on the last known survival) beats the
         no-draft throughput by ``on_margin``."""

@@ -355,6 +355,7 @@ class BudgetPolicy:
         survival = np.tile(row, (int(num_req), 1))
         planned = self._argmax(survival, model.sps_function(int(num_req)))
         d = self._uniform_if_better(planned, survival, int(num_req), int(survival.size), admitted=True)
+        d = self._uniform_over_off(d, planned, survival, int(num_req), int(survival.size))
         theta = self.realised_theta(int(num_req), self._admitted(d, planned, int(num_req), int(survival.size)),
                                     d.predicted_step_seconds)
         rate = self.realised_rate(int(num_req))
@@ -446,8 +447,9 @@ class BudgetPolicy:
         off steps' (:meth:`known_theta`, the smoothed survival), not on this one step's, and
         only against a no-draft time measured at this R (:meth:`OffTimes.measured`).  While
         drafting, a verdict for off on a time not measured at this R (read from another R,
-        or from fewer samples) is no vote: the next steps at this R run without drafts until
-        it is measured (:meth:`draft_step`), and the steps after them vote on it."""
+        or from fewer samples), a zero budget's included, is no vote: the next steps at this R
+        run without drafts until it is measured (:meth:`draft_step`), and the steps after them
+        vote on it."""
         gate = self.gate
         if gate is None:
             return
@@ -456,10 +458,11 @@ class BudgetPolicy:
             theta_on = self.known_theta(num_req)
             if not self.off_times.measured(num_req):
                 theta_off = None      # back on only against a no-draft time measured at this R
-        elif (gate.pinned is None and int(d.budget) > 0 and not self.off_times.measured(num_req)
+        elif (not gate.off and gate.pinned is None and not self.off_times.measured(num_req)
               and off_wins(theta_on, theta_off, best_budget=int(d.budget), margin=gate.config.off_margin)):
             self._off_wanted.add(int(num_req))      # off only on a time measured here: probe it first
-            theta_off = None
+            gate.abstain()
+            return
         gate.vote(theta_on=theta_on, theta_off=theta_off, best_budget=int(d.budget), num_req=num_req)
 
     def _know(self, row: np.ndarray) -> None:
@@ -527,6 +530,7 @@ class BudgetPolicy:
             return None
         planned = self._argmax(survival, model.sps_function(num_req))
         d = self._uniform_if_better(planned, survival, num_req, full, admitted=True)
+        d = self._uniform_over_off(d, planned, survival, num_req, full)
         known = self.last_known
         if known is None or known.any():
             self._know((survival if known is None else survival[known]).mean(axis=0))
@@ -568,6 +572,32 @@ class BudgetPolicy:
         if uniform:
             return Decision(budget=full, predicted_step_seconds=float(t_u), predicted_theta=theta_u)
         return d
+
+    def _uniform_over_off(self, d: Decision, planned: Decision, survival: np.ndarray, num_req: int,
+                          full: int) -> Decision:
+        """Where no-draft steps run, a plan whose best budget is 0 stands for a no-draft step
+        (a zero budget decodes the same tokens and pays the draft on top), so the uniform
+        path is compared with the no-draft steps' time measured at this R
+        (:meth:`OffTimes.measured`), not with the profile's price of a zero budget: ``d``,
+        or the uniform decision when it beats that (no boundary re-check of the zero-budget
+        cell, :func:`prefer_uniform`: off beats a zero budget wherever it runs).  A young profile that prices a zero
+        budget low (its per-R term shrunk towards the other loads') would otherwise make
+        every step's best budget 0, a vote for off by rule, where verifying every draft
+        pays."""
+        if d is not planned or int(planned.budget) != 0 or self.gate is None or self.uniform_step_time is None:
+            return d
+        if not self.off_times.measured(num_req):
+            return d
+        t_off = self.off_times.get(num_req)
+        if t_off is None or not t_off > 0:
+            return d
+        t_u = self.uniform_step_time(num_req)
+        theta_u = uniform_throughput(survival, num_req=num_req, uniform_step_s=t_u)
+        if theta_u is not None and self.admission is not None:
+            theta_u = admitted_theta(theta_u, t_u, num_req=num_req, factor=self.admission.factor(uniform=True))
+        if theta_u is None or theta_u < float(num_req) / float(t_off):
+            return d
+        return Decision(budget=full, predicted_step_seconds=float(t_u), predicted_theta=theta_u)
 
     def _from_controller(self, d: Any, survival: np.ndarray, num_req: int, full: int) -> Optional[Decision]:
         # the fleet's learned curve is planned here with this step's calibrated survival
