@@ -10,9 +10,13 @@ step appends one JSON line to ``FILE``::
      "accepted": [...],                          # accepted draft tokens (no bonus)
      "verified": [...],                          # draft tokens verified (no anchor)
      "prefix": [...],                            # tokens before each request's anchor
-     "drafts": [[...gamma token ids...], ...]}   # the drafted block
+     "drafts": [[...gamma token ids...], ...],   # the drafted block
+     "ctx": [...]}                               # fingerprint of the draft's context KV
 
 No-draft steps (:mod:`sglang_dspark.no_draft`) draft nothing and are not captured.
+``ctx`` is, per request, the float64 sum of the magnitudes of the draft's context KV (every
+layer's keys and values) over the positions before its anchor: a fingerprint of the context
+the draft read (on a CPU device whose draft pool shares the target's slots; null elsewhere).
 
 Alignment: the row is taken from SGLang's own per-step observer call
 (``DsparkStepObservers.observe_verify_step``), which receives the block's
@@ -159,7 +163,7 @@ class StepCapture:
         sources = {"conf_raw": (raw, False), "conf": (kw.get("confidence"), False),
                    "correct": (correct, True), "verify_lens": (verify_lens, True),
                    "temps": (temps, True), "prefix": (kw.get("prefix_lens"), True),
-                   "drafts": (kw.get("draft_tokens"), False)}
+                   "drafts": (kw.get("draft_tokens"), False), "ctx": (kw.get("context_digest"), True)}
         on_device = any(getattr(t, "device", None) is not None and t.device.type != "cpu"
                         for t, _ in sources.values())
         deferred = on_device if self.deferred is None else bool(self.deferred)
@@ -205,6 +209,7 @@ class StepCapture:
             "verified": verified,
             "prefix": _ints(host.get("prefix")),
             "drafts": None if host.get("drafts") is None else host["drafts"].tolist(),
+            "ctx": None if host.get("ctx") is None else [float(x) for x in host["ctx"].tolist()],
         }
         return json.dumps(rec, separators=(",", ":")) + "\n"
 
@@ -260,6 +265,45 @@ class StepCapture:
                 self._fh = None
 
 
+def context_digest(worker):
+    """A function of (request slots, prefix lengths) giving, per request, the sum of the
+    magnitudes of the draft's context KV (every layer's keys and values) over its first
+    ``prefix`` positions, in float64: a fingerprint of the context the step's draft read
+    (a context row written late, twice or not at all changes it); it gives None where the
+    draft pool does not index by the target's slots or keeps no plain K/V buffers, and
+    None is returned instead of the function off a CPU device (it reads the pool on the
+    host every step).  The pool is looked up at the first step (it exists by then)."""
+    import torch
+
+    if torch.device(worker.device).type != "cpu":
+        return None
+    found: list = []
+
+    def buffers():
+        if not found:
+            try:
+                runner = worker._kv_injector.draft_model_runner
+                pool = runner.token_to_kv_pool
+                ok = not getattr(runner.kv_index_translator, "is_translating", True)
+                bufs = list(getattr(pool, "k_buffer", None) or []) + list(getattr(pool, "v_buffer", None) or [])
+                found.append((bufs if ok else [], worker.model_runner.req_to_token_pool.req_to_token))
+            except Exception:  # noqa: BLE001 - a fingerprint is optional
+                found.append(([], None))
+        return found[0]
+
+    def digest(rows, prefix):
+        bufs, req_to_token = buffers()
+        if not bufs or rows is None or prefix is None:
+            return None
+        out = []
+        for r, n in zip(rows.tolist(), prefix.tolist()):
+            slots = req_to_token[int(r), :int(n)].long()
+            out.append(sum(float(b[slots].double().abs().sum()) for b in bufs))
+        return torch.tensor(out, dtype=torch.float64)
+
+    return digest
+
+
 def install(worker, *, path: Optional[str], max_rows: int = DEFAULT_MAX_ROWS) -> Optional[StepCapture]:
     """Wrap ``worker._observers.observe_verify_step`` when ``path``
     (``SGLANG_DSPARK_CAPTURE``) is set; return the capture (or None).  Never raises."""
@@ -276,9 +320,13 @@ def install(worker, *, path: Optional[str], max_rows: int = DEFAULT_MAX_ROWS) ->
         cap = StepCapture(path, gamma=int(worker.verify_num_draft_tokens) - 1, max_rows=max_rows)
         original = observers.observe_verify_step
 
+        digest = context_digest(worker)
+
         def observe_verify_step(*args, **kwargs):
             original(*args, **kwargs)
             if not getattr(worker._proposer, "is_null", False):   # a no-draft step drafts nothing
+                if digest is not None:
+                    kwargs["context_digest"] = digest(kwargs.get("req_pool_indices"), kwargs.get("prefix_lens"))
                 cap.observe(kwargs)
 
         observers.observe_verify_step = observe_verify_step

@@ -147,6 +147,9 @@ class DSparkControlledWorker(DSparkWorkerV2):
             if not self._no_draft_off_reason:
                 self._null_proposer = NullProposer(self._proposer)
                 self._anchor_commit = AnchorCommit(self._verify_executor, self._kv_injector)
+                if self._policy.gate is not None or (ab is not None and any(a.kind == "off" for a in ab.arms)):
+                    # no-draft steps can run: a prompt's rows wait with theirs
+                    self._anchor_commit.install_prefill()
                 if planner.is_compact_mode:
                     from sglang_dspark.no_draft import DecodeForward
 
@@ -188,10 +191,11 @@ class DSparkControlledWorker(DSparkWorkerV2):
     # ------------------------------------------------------------------ decode step
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, *,
                                  pp_proxy_tensors=None):
-        # SGLang's signature; a prefill or extend lands the no-draft steps' pending
-        # draft-context rows before it writes its own (AnchorCommit's rule)
-        if self._anchor_commit is not None and (not batch.forward_mode.is_decode()
-                                                or batch.is_extend_in_batch):
+        # SGLang's signature; a prefill or extend queues its draft-context rows behind the
+        # no-draft steps' pending ones (AnchorCommit.prefill); any other forward but a
+        # decode step lands them first (AnchorCommit's rule)
+        mode = batch.forward_mode
+        if self._anchor_commit is not None and not (mode.is_decode() or mode.is_extend()):
             self._anchor_commit.flush()
         return super().forward_batch_generation(batch, on_publish, grammar_barrier,
                                                 pp_proxy_tensors=pp_proxy_tensors)
@@ -508,6 +512,7 @@ class DSparkControlledWorker(DSparkWorkerV2):
                  "operator_pin": pol.operator_pin, "last_reason": pol.last_draft_reason,
                  "anchor_only_commits": None if commit is None else commit.steps,
                  "anchor_commit_flushes": None if commit is None else commit.flushes,
+                 "prefill_commits_batched": None if commit is None else commit.prefills,
                  "decode_forwards": None if self._decode_forward is None else self._decode_forward.steps,
                  "decode_forward_dropped": None if self._decode_forward is None else (self._decode_forward.dropped or None),
                  "gate": None if pol.gate is None else pol.gate.summary(),

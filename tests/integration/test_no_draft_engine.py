@@ -105,11 +105,15 @@ def test_a_step_drafts_after_no_draft_steps_what_an_always_drafting_run_drafts(t
     cap_dir = tmp_path_factory.mktemp("cap")
     runs = {}
     # fixed@0.0001 of at most gamma drafts is 0 too: the A/B needs two arms
-    for name, arms in (("always", "fixed@0,fixed@0.0001"), ("mixed", "fixed@0,off")):
+    # "sglang": no-draft steps off, so every draft-context write is SGLang's own, at once
+    # (no AnchorCommit: prompts and commits are not batched)
+    for name, arms, nd in (("always", "fixed@0,fixed@0.0001", "1"), ("mixed", "fixed@0,off", "1"),
+                           ("sglang", "fixed@0,fixed@0.0001", "0")):
         path = cap_dir / f"{name}.jsonl"
         res = _job(tiny_pair, tmp_path_factory, prompts=prompts, max_new=max_new, max_running=1,
                    spec_env={"SGLANG_RAGGED_VERIFY_MODE": "compact", "SGLANG_DSPARK_AB_ARMS": arms,
-                             "SGLANG_DSPARK_AB_SEED": "5", "SGLANG_DSPARK_CAPTURE": str(path)})
+                             "SGLANG_DSPARK_AB_SEED": "5", "SGLANG_DSPARK_CAPTURE": str(path),
+                             "SGLANG_DSPARK_NO_DRAFT": nd})
         lines = [json.loads(x) for x in path.read_text().splitlines()]
         runs[name] = (res, lines)
     assert _ids(runs["mixed"][0]) == _ids(runs["always"][0])
@@ -122,10 +126,16 @@ def test_a_step_drafts_after_no_draft_steps_what_an_always_drafting_run_drafts(t
             rid = ln["rids"][0]
             if rid not in order:
                 order.append(rid)
-            out[(order.index(rid), ln["prefix"][0])] = (ln["drafts"][0], ln["conf"][0])
+            out[(order.index(rid), ln["prefix"][0])] = (ln["drafts"][0], ln["conf"][0], ln["ctx"][0])
         return out
 
     a, m = drafts(runs["always"][1]), drafts(runs["mixed"][1])
+    # the prompts' rows batched with the off steps' (AnchorCommit.prefill) draft exactly what
+    # SGLang's own writes draft
+    nd_sglang = runs["sglang"][0]["server_info"]["internal_states"][0]["dspark_info_record"][
+        "sglang_dspark"]["no_draft"]
+    assert nd_sglang["prefill_commits_batched"] in (None, 0), nd_sglang
+    assert drafts(runs["sglang"][1]) == a
     off_steps = runs["mixed"][0]["server_info"]["internal_states"][0]["dspark_info_record"][
         "sglang_dspark"]["ab"]["totals"]["off"]["steps"]
     assert off_steps >= 10
@@ -133,11 +143,15 @@ def test_a_step_drafts_after_no_draft_steps_what_an_always_drafting_run_drafts(t
     nd = runs["mixed"][0]["server_info"]["internal_states"][0]["dspark_info_record"]["sglang_dspark"]["no_draft"]
     assert nd["anchor_only_commits"] == off_steps and 1 <= nd["anchor_commit_flushes"] < off_steps, nd
     assert nd["plain_decode_steps"] == off_steps, nd     # without SGLang's verify
+    assert nd["prefill_commits_batched"] == len(prompts), nd   # every prompt's rows waited
     assert len(m) + off_steps - 3 <= len(a)      # every off step skipped a prefix's draft
     # drafted steps right after off steps: their prefix was reached by a no-draft step
     after_off = [k for k in m if (k[0], k[1] - 1) not in m and k[1] - 1 >= min(p for (r, p) in m if r == k[0])]
     assert len(after_off) >= 5, len(after_off)
     assert set(m) <= set(a)
     for k in m:
-        assert m[k][0] == a[k][0], k
-        assert m[k][1] == a[k][1], k
+        assert m[k][:2] == a[k][:2], k       # drafts and confidences, bit for bit
+        # the context KV the draft read: the same rows (a row missing, late or twice moves
+        # the sum by O(1)); projected in batches of another shape, so equal to float32
+        # rounding, not bit for bit (docs/worker.md)
+        assert m[k][2] == pytest.approx(a[k][2], rel=1e-5), k
