@@ -143,7 +143,10 @@ def test_forward_decode_forwards_every_argument(monkeypatch):
     assert seen == [(batch, "result", True)] and w._telemetry_calls == 1
 
 
-def test_forward_batch_generation_flushes_before_a_prefill_and_forwards_every_argument(monkeypatch):
+def test_forward_batch_generation_flushes_before_a_non_decode_non_extend_forward_and_forwards_every_argument(
+        monkeypatch):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
     ours, base = _sglang_worker()
     calls, flushes = [], []
 
@@ -155,16 +158,17 @@ def test_forward_batch_generation_flushes_before_a_prefill_and_forwards_every_ar
     w = object.__new__(ours)
     w.__dict__.update(_anchor_commit=SimpleNamespace(flush=lambda: flushes.append(1)))
 
-    def batch(name, decode, extend_in_batch=False):
-        return SimpleNamespace(name=name, forward_mode=SimpleNamespace(is_decode=lambda: decode),
-                               is_extend_in_batch=extend_in_batch)
+    def batch(name, mode):
+        return SimpleNamespace(name=name, forward_mode=mode, is_extend_in_batch=False)
 
-    assert w.forward_batch_generation(batch("decode", True), "pub", "gb", pp_proxy_tensors="pp") == "result"
-    w.forward_batch_generation(batch("prefill", False), "pub")
-    w.forward_batch_generation(batch("mixed", True, extend_in_batch=True))
-    # a decode batch decides in _forward_decode (a no-draft step keeps the rows pending)
-    assert calls == [("decode", "pub", "gb", "pp", 0), ("prefill", "pub", None, None, 1),
-                     ("mixed", None, None, None, 2)]
+    assert w.forward_batch_generation(batch("decode", ForwardMode.DECODE), "pub", "gb",
+                                      pp_proxy_tensors="pp") == "result"
+    w.forward_batch_generation(batch("prefill", ForwardMode.EXTEND), "pub")
+    w.forward_batch_generation(batch("idle", ForwardMode.IDLE))
+    # a decode batch decides in _forward_decode (a no-draft step keeps the rows pending); a
+    # prefill queues its rows behind them (AnchorCommit.prefill); anything else lands them
+    assert calls == [("decode", "pub", "gb", "pp", 0), ("prefill", "pub", None, None, 0),
+                     ("idle", None, None, None, 1)]
 
 
 # ---------------------------------------------------------------- child-process checks
