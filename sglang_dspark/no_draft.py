@@ -102,9 +102,10 @@ class AnchorCommit:
     Rule: every pending row lands before anything reads or rewrites the draft's KV.  The
     worker flushes before every drafted step (it drafts from the context) and before any
     forward other than a decode step, prefill or extend; a prefill or extend queues its
-    rows behind the pending ones, or, where SGLang must write them at once, flushes first;
-    ``__call__`` and :meth:`prefill` flush once ``max_rows`` rows wait.  A slot freed between two no-draft steps (a request
-    finished) and handed to another request's next token appears twice in the pending rows;
+    rows behind the pending ones, or, where SGLang must write them at once (too many rows
+    among them), flushes first; ``__call__`` flushes once ``max_rows`` rows wait.  A slot
+    freed between two no-draft steps (a request finished) and handed to another request
+    (its prompt or its next token) appears twice in the pending rows;
     the later row is the live one and is the one written (``_latest``).  The rows depend on
     nothing but their own hidden state and position, so the write is the one the steps would
     have made.  Installed on the verify executor for each no-draft step; the pools whose
@@ -175,12 +176,15 @@ class AnchorCommit:
         if self._rows + n > self.max_rows:
             return False
         if n:
-            # copies: the hidden states and the placement are the step's buffers
-            self._pending.append((target_hidden[:n].clone(), placement.cache_loc.to(torch.int64).clone(),
-                                  placement.positions.to(torch.int64).clone()))
-            self._rows += n
+            self._queue(target_hidden[:n], placement.cache_loc, placement.positions)
             self.prefills += 1
         return True
+
+    def _queue(self, hidden: torch.Tensor, cache_loc: torch.Tensor, positions: torch.Tensor) -> None:
+        """Append rows (copies: the step's buffers are rewritten by the next step; slots and
+        positions as int64, so rows of both kinds concatenate)."""
+        self._pending.append((hidden.clone(), cache_loc.to(torch.int64).clone(), positions.to(torch.int64).clone()))
+        self._rows += int(hidden.shape[0])
 
     def keep(self, hidden: torch.Tensor, verify_window) -> None:
         """Keep one no-draft step's anchor rows: ``hidden`` (one target hidden row per
@@ -188,10 +192,8 @@ class AnchorCommit:
         positions); flush once ``max_rows`` wait."""
         bs = int(hidden.shape[0])
         stride = int(verify_window.verify_cache_loc_2d.shape[1])
-        # copies: the step's buffers are rewritten by the next step
-        cache_loc = self.injector.ids_for(verify_window.kv_loc_plan).view(bs, stride)[:, 0].to(torch.int64)
-        self._pending.append((hidden.clone(), cache_loc.clone(), verify_window.positions_2d[:, 0].to(torch.int64).clone()))
-        self._rows += bs
+        cache_loc = self.injector.ids_for(verify_window.kv_loc_plan).view(bs, stride)[:, 0]
+        self._queue(hidden, cache_loc, verify_window.positions_2d[:, 0])
         self.steps += 1
         if self._rows >= self.max_rows:
             self.flush()

@@ -137,6 +137,7 @@ class DSparkControlledWorker(DSparkWorkerV2):
         self._decode_forward = None
         self._plain_step = None     # no_draft.PlainDecodeStep: an off step without SGLang's verify
         self._no_draft_off_reason = ""
+        ab_off = ab is not None and any(a.kind == "off" for a in ab.arms)     # an A/B arm of no-draft steps
         if self._online_planner is not None and online:
             from sglang_dspark.no_draft import AnchorCommit, NullProposer, no_draft_refusal
 
@@ -147,7 +148,7 @@ class DSparkControlledWorker(DSparkWorkerV2):
             if not self._no_draft_off_reason:
                 self._null_proposer = NullProposer(self._proposer)
                 self._anchor_commit = AnchorCommit(self._verify_executor, self._kv_injector)
-                if self._policy.gate is not None or (ab is not None and any(a.kind == "off" for a in ab.arms)):
+                if self._policy.gate is not None or ab_off:
                     # no-draft steps can run: a prompt's rows wait with theirs
                     self._anchor_commit.install_prefill()
                 if planner.is_compact_mode:
@@ -161,7 +162,7 @@ class DSparkControlledWorker(DSparkWorkerV2):
                     self._plain_step, why = PlainDecodeStep.for_worker(self)
                     if why and self._decode_forward is not None:
                         logger.info("sglang-dspark: no-draft steps run inside SGLang's verify: %s", why)
-            elif ab is not None and any(a.kind == "off" for a in ab.arms):
+            elif ab_off:
                 raise ValueError(f"SGLANG_DSPARK_AB_ARMS has an 'off' arm, but no-draft steps cannot run: "
                                  f"{self._no_draft_off_reason}")
         self._seen_decision_at = 0.0

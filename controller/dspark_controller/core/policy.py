@@ -560,18 +560,26 @@ class BudgetPolicy:
         theta = d.predicted_theta if theta is None else theta
         if self.uniform_step_time is None or d.budget >= full or theta is None:
             return d
-        t_u = self.uniform_step_time(num_req)
-        theta_u = uniform_throughput(survival, num_req=num_req, uniform_step_s=t_u)
+        t_u, theta_u = self._uniform_theta(survival, num_req, admitted=admitted)
         if admitted and self.admission is not None:
             theta = admitted_theta(theta, d.predicted_step_seconds, num_req=num_req,
                                    factor=self.admission.factor(uniform=False))
-            theta_u = admitted_theta(theta_u, t_u, num_req=num_req, factor=self.admission.factor(uniform=True))
         uniform, checked = prefer_uniform(theta_u, theta, model=self.local_model,
                                           num_req=num_req, budget=d.budget, rng=self._rng)
         self.boundary_checks += int(checked)
         if uniform:
             return Decision(budget=full, predicted_step_seconds=float(t_u), predicted_theta=theta_u)
         return d
+
+    def _uniform_theta(self, survival: np.ndarray, num_req: int, *, admitted: bool) -> tuple:
+        """(the uniform path's measured step seconds at ``num_req``, its expected tokens/s on
+        ``survival``, drafts scaled by the uniform steps' admission gain when ``admitted``);
+        either None when not measured.  Call only with a ``uniform_step_time``."""
+        t_u = self.uniform_step_time(num_req)
+        theta_u = uniform_throughput(survival, num_req=num_req, uniform_step_s=t_u)
+        if admitted and self.admission is not None:
+            theta_u = admitted_theta(theta_u, t_u, num_req=num_req, factor=self.admission.factor(uniform=True))
+        return t_u, theta_u
 
     def _uniform_over_off(self, d: Decision, planned: Decision, survival: np.ndarray, num_req: int,
                           full: int) -> Decision:
@@ -580,10 +588,10 @@ class BudgetPolicy:
         path is compared with the no-draft steps' time measured at this R
         (:meth:`OffTimes.measured`), not with the profile's price of a zero budget: ``d``,
         or the uniform decision when it beats that (no boundary re-check of the zero-budget
-        cell, :func:`prefer_uniform`: off beats a zero budget wherever it runs).  A young profile that prices a zero
-        budget low (its per-R term shrunk towards the other loads') would otherwise make
-        every step's best budget 0, a vote for off by rule, where verifying every draft
-        pays."""
+        cell, :func:`prefer_uniform`: off beats a zero budget wherever it runs).  A young
+        profile that prices a zero budget low (its per-R term shrunk towards the other
+        loads') would otherwise make every step's best budget 0, a vote for off by rule,
+        where verifying every draft pays."""
         if d is not planned or int(planned.budget) != 0 or self.gate is None or self.uniform_step_time is None:
             return d
         if not self.off_times.measured(num_req):
@@ -591,10 +599,7 @@ class BudgetPolicy:
         t_off = self.off_times.get(num_req)
         if t_off is None or not t_off > 0:
             return d
-        t_u = self.uniform_step_time(num_req)
-        theta_u = uniform_throughput(survival, num_req=num_req, uniform_step_s=t_u)
-        if theta_u is not None and self.admission is not None:
-            theta_u = admitted_theta(theta_u, t_u, num_req=num_req, factor=self.admission.factor(uniform=True))
+        t_u, theta_u = self._uniform_theta(survival, num_req, admitted=True)
         if theta_u is None or theta_u < float(num_req) / float(t_off):
             return d
         return Decision(budget=full, predicted_step_seconds=float(t_u), predicted_theta=theta_u)
