@@ -40,6 +40,8 @@ class StepRecord:
     arm: Optional[str] = None
     # the local plan's expected accepted drafts (planner.AdmissionGain; None: not a local plan)
     pred_drafts: Optional[float] = None
+    # a local ragged plan's predicted step seconds (core.strategies.RaggedTime; None: not one)
+    pred_ragged_s: Optional[float] = None
     # False: a no-draft step (sglang_dspark.no_draft): no draft forward, one token per request
     drafted: bool = True
     # who chose drafting or not: gate | redraft | probe | operator | controller (None: no gate)

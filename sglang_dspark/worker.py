@@ -321,8 +321,9 @@ class DSparkControlledWorker(DSparkWorkerV2):
             rec.draft_reason = self._policy.last_draft_reason if self._null_proposer is not None else None
             rec.forced = budget is not None and self._policy.last_source == "forced"
             rec.arm = self._online_planner.last_arm if budget is not None else None
-            rec.pred_drafts = (self._policy.last_pred_drafts
-                               if drafted and budget is not None and self._policy.last_source == "local" else None)
+            local = drafted and budget is not None and self._policy.last_source == "local"
+            rec.pred_drafts = self._policy.last_pred_drafts if local else None
+            rec.pred_ragged_s = self._policy.last_pred_ragged_s if local else None
             # on the uniform path every draft is verified (cap lens are not per-request there):
             # it calibrates the survival like a ragged step whose windows hold every draft
             if self._compact and drafted:
@@ -380,7 +381,7 @@ class DSparkControlledWorker(DSparkWorkerV2):
                 verified = [int(self.verify_num_draft_tokens) - 1] * len(rec.accepted_lens)
             self._policy.observe_step(survival=rec.survival, accepted=rec.accepted_lens,
                                       verified=verified, pred_drafts=rec.pred_drafts, uniform=rec.uniform,
-                                      step_s=rec.step_time_s)
+                                      step_s=rec.step_time_s, pred_ragged_s=rec.pred_ragged_s)
 
     def _feed_stats(self, rec) -> None:
         self._stats.add(rec, rec.predicted_step_s)
@@ -451,6 +452,7 @@ class DSparkControlledWorker(DSparkWorkerV2):
                 "budget_sources": dict(self._policy.sources),
                 "boundary_checks": self._policy.boundary_checks,
                 "admission": None if self._policy.admission is None else self._policy.admission.summary(),
+                "ragged_time": None if self._policy.ragged_time is None else self._policy.ragged_time.summary(),
                 "forced_steps_not_learned": self._forced_unlearned,
                 "ab": None if self._ab_ledger is None else {
                     "arms": list(self._ab_ledger.totals), "totals": self._ab_ledger.snapshot(),

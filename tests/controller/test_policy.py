@@ -607,3 +607,53 @@ def test_admission_gain_learns_each_kind_and_tips_the_uniform_comparison():
     d = tipped.decide(surv, max_len=4)
     assert d.budget == ragged.budget < 4
     assert abs(tipped.last_pred_drafts - (ragged.predicted_theta * ragged.predicted_step_seconds - 1)) < 1e-6
+
+
+def test_ragged_time_prices_the_ragged_plan_on_what_its_steps_took():
+    """strategies.RaggedTime: predicted over realised seconds of the local ragged plans, per
+    R, 1 until enough steps there; the uniform comparison scales the ragged plan's tokens/s
+    by it, so a profile that prices a ragged plan fast while its steps run slow loses to a
+    measured uniform path (the deep pair's young profile priced one draft per request at
+    16 requests at 131-135 tok/s; those steps realised about 105)."""
+    from dspark_controller.core.strategies import RAGGED_TIME_MIN, RaggedTime
+
+    g = RaggedTime()
+    for _ in range(RAGGED_TIME_MIN - 1):
+        g.observe(1, 0.02, 0.04)
+    assert g.factor(1) == 1.0                                   # not enough steps yet
+    g.observe(1, 0.02, 0.04)
+    g.observe(1, None, 0.04)                                    # not a ragged plan: ignored
+    g.observe(1, float("nan"), 0.04)
+    assert abs(g.factor(1) - 0.5) < 1e-9 and g.factor(2) == 1.0  # per R
+    assert g.summary()[1]["steps"] == RAGGED_TIME_MIN
+    for _ in range(200):                                         # it forgets: the ratio follows
+        g.observe(1, 0.02, 0.025)
+    assert abs(g.factor(1) - 0.8) < 1e-6
+
+    model = _ragged_model()
+    surv = _rows([[0.9, 0.8, 0.7, 0.6]])
+    cfg = _old(explore_prob_young=0.0, explore_prob=0.0, probe=False)
+    ragged = BudgetPolicy(local_model=model, config=cfg).decide(surv, max_len=4)
+    assert ragged.budget < 4
+    # the uniform path measured a little slower than the profile's word on the ragged plan
+    t_u = ((1 + 0.9 + 0.72 + 0.504 + 0.3024) / ragged.predicted_theta) * 1.1
+    uniform = {1: t_u}
+    pol = BudgetPolicy(local_model=model, config=cfg, uniform_step_time=uniform.get)
+    assert pol.decide(surv, max_len=4).budget == ragged.budget
+    assert abs(pol.last_pred_ragged_s - ragged.predicted_step_seconds) < 1e-12
+    # ... but the ragged plan's steps have taken 1.5x what it predicted: uniform wins
+    for _ in range(RAGGED_TIME_MIN):
+        pol.decide(surv, max_len=4)
+        pol.observe_step(survival=None, accepted=[2], verified=None, pred_drafts=pol.last_pred_drafts,
+                         uniform=False, step_s=1.5 * pol.last_pred_ragged_s, pred_ragged_s=pol.last_pred_ragged_s)
+    assert abs(pol.ragged_time.factor(1) - 1 / 1.5) < 1e-9
+    d = pol.decide(surv, max_len=4)
+    assert d.budget == 4 and pol.last_pred_ragged_s is None      # a uniform plan predicts no ragged time
+    # with the strategy off the profile's word stands
+    off = BudgetPolicy(local_model=model, config=dataclasses.replace(cfg, ragged_time=False),
+                       uniform_step_time=uniform.get)
+    for _ in range(RAGGED_TIME_MIN):
+        off.decide(surv, max_len=4)
+        off.observe_step(survival=None, accepted=[2], verified=None, pred_drafts=off.last_pred_drafts,
+                         uniform=False, step_s=1.5 * off.last_pred_ragged_s, pred_ragged_s=off.last_pred_ragged_s)
+    assert off.ragged_time is None and off.decide(surv, max_len=4).budget == ragged.budget

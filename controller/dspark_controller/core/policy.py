@@ -67,7 +67,7 @@ import numpy as np
 
 from dspark_controller.core.no_draft import DraftGate, GateConfig, OffTimes, StepGaps, off_wins, per_period
 from dspark_controller.core.method import (clean_survival, clip01, compute_lagged_budget, lagged_budget_fast, survival_to_confidences)
-from dspark_controller.core.strategies import (PROBE_PROB, PROBE_STEP, AdmissionGain, _operator_pinned, admitted_theta, budget_from_controller, controller_allows_uniform, explore_budget, explore_now, local_theta, prefer_uniform, probe_budget, uniform_throughput)
+from dspark_controller.core.strategies import (PROBE_PROB, PROBE_STEP, AdmissionGain, RaggedTime, _operator_pinned, admitted_theta, budget_from_controller, controller_allows_uniform, explore_budget, explore_now, local_theta, prefer_uniform, probe_budget, uniform_throughput)
 
 __all__ = ["PolicyConfig", "Decision", "SurvivalCalibrator", "BudgetPolicy"]
 
@@ -101,6 +101,7 @@ class PolicyConfig:
     # the uniform-path comparison and its correction
     uniform_gate: bool = True
     admission: bool = True
+    ragged_time: bool = True
     # survival calibration (SurvivalCalibrator)
     calibration: bool = True
     calibration_bins: int = 10
@@ -234,6 +235,7 @@ class BudgetPolicy:
         self.fleet_model = fleet_model
         self.uniform_step_time = uniform_step_time if config.uniform_gate else None
         self.admission: Optional[AdmissionGain] = AdmissionGain() if config.admission else None
+        self.ragged_time: Optional[RaggedTime] = RaggedTime() if config.ragged_time else None
         self.calibrator: Optional[SurvivalCalibrator] = (
             SurvivalCalibrator(bins=config.calibration_bins, prior_weight=config.calibration_prior_weight,
                                half_life=config.calibration_half_life)
@@ -246,6 +248,7 @@ class BudgetPolicy:
         self.last_source = "none"
         self.warming_up = False     # the last decide() declined because the profile is young
         self.last_pred_drafts: Optional[float] = None   # the local plan's expected accepted drafts
+        self.last_pred_ragged_s: Optional[float] = None  # a local ragged plan's predicted step seconds
         self.last_survival: Optional[np.ndarray] = None  # raw lagged survival of the last decision
         self.last_known: Optional[np.ndarray] = None     # its rows that are known (None: all)
         self.unknown_rows = 0       # rows planned without confidences of their own (calibrated())
@@ -501,6 +504,7 @@ class BudgetPolicy:
     def decide(self, raw_survival: np.ndarray, *, max_len: int) -> Optional[Decision]:
         """``raw_survival``: [R, positions] lagged prefix survival (numpy)."""
         self.last_pred_drafts = None
+        self.last_pred_ragged_s = None
         self.warming_up = False
         self.last_survival = None
         if not self.enabled or raw_survival.shape[0] == 0 or raw_survival.shape[1] == 0:
@@ -548,6 +552,7 @@ class BudgetPolicy:
             self.last_pred_drafts = float(clip01(survival).sum())
         elif planned.predicted_theta is not None and planned.predicted_step_seconds:
             self.last_pred_drafts = max(planned.predicted_theta * planned.predicted_step_seconds - num_req, 0.0)
+            self.last_pred_ragged_s = planned.predicted_step_seconds
         return self._note("local", d)
 
     def _uniform_if_better(self, d: Decision, survival: np.ndarray, num_req: int, full: int,
@@ -555,8 +560,10 @@ class BudgetPolicy:
         """Verify everything (the uniform path) when its measured step time gives more expected
         tokens per second than the best ragged budget ``d`` (priced at ``theta`` when given,
         else at its own prediction); ``d`` otherwise.  ``admitted``: each side's expected
-        drafts are scaled by what such steps realised (local plans only: their step time is
-        the local profile's)."""
+        drafts are scaled by what such steps realised, and the ragged plan's profile-predicted
+        time by what the ragged plans' steps at this R took (:class:`RaggedTime`), so both
+        sides are priced on measured time (local plans only: their step time is the local
+        profile's)."""
         theta = d.predicted_theta if theta is None else theta
         if self.uniform_step_time is None or d.budget >= full or theta is None:
             return d
@@ -564,6 +571,8 @@ class BudgetPolicy:
         if admitted and self.admission is not None:
             theta = admitted_theta(theta, d.predicted_step_seconds, num_req=num_req,
                                    factor=self.admission.factor(uniform=False))
+        if admitted and self.ragged_time is not None:
+            theta = theta * self.ragged_time.factor(num_req)
         uniform, checked = prefer_uniform(theta_u, theta, model=self.local_model,
                                           num_req=num_req, budget=d.budget, rng=self._rng)
         self.boundary_checks += int(checked)
@@ -647,14 +656,17 @@ class BudgetPolicy:
     # ------------------------------------------------------------------ observe
     def observe_step(self, *, survival: Optional[np.ndarray], accepted: Optional[Sequence[int]],
                      verified: Optional[Sequence[int]], pred_drafts: Optional[float], uniform: bool,
-                     step_s: Optional[float] = None) -> None:
+                     step_s: Optional[float] = None, pred_ragged_s: Optional[float] = None) -> None:
         """What a finished step realised: ``survival`` the raw lagged survival its decision
         used (:attr:`last_survival` at the time), per request the accepted and verified
         draft tokens, ``pred_drafts`` the drafts its local plan expected (None: not a local
-        plan) and ``step_s`` its measured seconds (a local plan's step also teaches the
-        gate what drafting realises)."""
+        plan), ``step_s`` its measured seconds (a local plan's step also teaches the
+        gate what drafting realises) and ``pred_ragged_s`` the seconds a local ragged plan
+        predicted (:attr:`last_pred_ragged_s` at the time; :class:`RaggedTime`)."""
         if pred_drafts is not None and accepted is not None and step_s and step_s > 0 and len(accepted):
             self._observe_realised(len(accepted), len(accepted) + int(sum(accepted)), float(step_s))
+            if self.ragged_time is not None and not uniform:
+                self.ragged_time.observe(len(accepted), pred_ragged_s, float(step_s))
         if (survival is not None and accepted is not None and verified is not None
                 and self.calibrator is not None):
             self.calibrator.observe(survival, accepted, verified)

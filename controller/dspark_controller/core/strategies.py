@@ -241,6 +241,46 @@ def admitted_theta(theta: Optional[float], step_s: Optional[float], *, num_req: 
     return (int(num_req) + factor * drafts) / float(step_s)
 
 
+RAGGED_TIME_DECAY = 0.9     # forgetting of an R's ragged-plan step seconds (per step at that R)
+RAGGED_TIME_MIN = 3         # ragged steps at an R before RaggedTime corrects there
+
+
+class RaggedTime:
+    """Predicted over realised step seconds of the local ragged plans, per R.
+
+    A ragged plan's time is the profile's prediction, the uniform path's a measured mean
+    (:func:`uniform_throughput`): comparing them (:func:`prefer_uniform`) trusts a young
+    profile's guess as much as a measurement.  The profile's per-R term is shrunk towards
+    the other loads', so a load it has seen little of can be priced well off for many
+    steps.  This keeps, per R, forgotten sums of the seconds the ragged steps the local
+    policy planned were predicted to take and took, and :meth:`factor` (clipped to
+    [0.5, 2]; 1 until ``RAGGED_TIME_MIN`` steps at that R) scales the ragged side's
+    tokens/s in that comparison, so both sides are priced on measured time.  Lossless: it
+    learns only from steps already run."""
+
+    def __init__(self, *, decay: float = RAGGED_TIME_DECAY, min_steps: int = RAGGED_TIME_MIN) -> None:
+        self.decay = float(decay)
+        self.min_steps = int(min_steps)
+        self._sums: dict[int, list] = {}      # R -> [predicted s, realised s, steps]
+
+    def observe(self, num_req: int, predicted_s: Optional[float], realised_s: float) -> None:
+        if not (predicted_s and predicted_s > 0 and math.isfinite(predicted_s)) or not realised_s > 0:
+            return
+        s = self._sums.setdefault(int(num_req), [0.0, 0.0, 0])
+        s[0] = s[0] * self.decay + float(predicted_s)
+        s[1] = s[1] * self.decay + float(realised_s)
+        s[2] += 1
+
+    def factor(self, num_req: int) -> float:
+        s = self._sums.get(int(num_req))
+        if s is None or s[2] < self.min_steps or not s[1] > 0:
+            return 1.0
+        return float(min(max(s[0] / s[1], 0.5), 2.0))
+
+    def summary(self) -> dict:
+        return {r: {"steps": s[2], "factor": round(self.factor(r), 4)} for r, s in sorted(self._sums.items())}
+
+
 UNIFORM_EMA = 0.1      # weight of a new uniform-path step in its per-R average
 
 

@@ -316,14 +316,14 @@ class OnlinePolicy(Policy):
         self.model = model
         self.uniform_s = UniformTimes(model)
         self.brain = backend.brain(local_model=model, config=config, uniform_step_time=self.uniform_s.get)
-        self._last: Optional[tuple] = None      # (survival used, expected drafts) of the last decision
+        self._last: Optional[tuple] = None      # (survival used, expected drafts, ragged seconds) of the last decision
 
     def budget(self, *, now, R, gamma, lagged_survival, true_sps):
         k = self.backend.brain_decide(self.brain, lagged_survival, gamma)
         if k is None:
             self.sources["verify_all"] += 1
         # as the worker: the survival its decision read (also when the fallback verified all)
-        self._last = (self.brain.last_survival, self.brain.last_pred_drafts)
+        self._last = (self.brain.last_survival, self.brain.last_pred_drafts, self.brain.last_pred_ragged_s)
         return k
 
     def observe(self, *, now, R, B, t, accepted, lengths, uniform=False):
@@ -349,10 +349,10 @@ class OnlinePolicy(Policy):
         """What the worker's telemetry hook does with a finished step (the same calls): the
         policy's calibration and admission gain (a uniform-path step verifies every draft),
         then the step time."""
-        survival, pred = self._last if self._last is not None else (None, None)
+        survival, pred, ragged_s = self._last if self._last is not None else (None, None, None)
         self.brain.observe_step(survival=survival, accepted=[int(x) for x in accepted],
                                 verified=[int(x) for x in lengths], pred_drafts=pred, uniform=uniform,
-                                step_s=t)
+                                step_s=t, pred_ragged_s=ragged_s)
         learn_step_time(self.model, self.uniform_s, self.brain, num_req=R, batch_tokens=B, step_s=t,
                         uniform=uniform)
 
