@@ -509,29 +509,36 @@ def test_explore_now_draws_once_and_only_when_a_branch_can_explore():
     assert explore_now(cfg, model, steps=1000, num_req=1, full=4, rng=rng) is False and rng.calls == 1
 
 
-def test_uniform_times_follow_the_profiles_clock():
-    """A uniform-path time measured during a slow spell must not outlive it: stored relative
-    to the profile's prediction for the same step, it is read back on today's profile."""
+def test_uniform_times_follow_the_profiles_drift_factor_not_its_refits():
+    """A uniform-path time measured during a slow spell must not outlive it: stored over the
+    profile's drift factor, it is read back on today's.  A refit of the profile's shape
+    (another load's row filling in) does not move it: the time is the comparison's measured
+    side, and a young profile's rows move by several times."""
+    from dspark_controller.core.strategies import UNIFORM_EMA
+
     model = SpsModel()
     times = UniformTimes(model)
-    times.observe(1, 0.05, 5)                     # the profile is not ready: plain seconds
-    assert times.get(1) == 0.05
+    times.observe(1, 0.05, 5)                     # no drift yet: seconds
+    assert times.get(1) == pytest.approx(0.05)
     for _ in range(20):
         for b in range(1, 6):
             model.update(1, b, 0.02 + 0.01 * (b - 1))
-    assert times.get(1) == 0.05
     for _ in range(50):
-        times.observe(1, 0.045, 5)                # ready: a ratio to the profile's t(1, 5)
-    before = float(model.predict_step_time(1, 5))
-    assert abs(times.get(1) - 0.045) < 1e-6
+        times.observe(1, 0.045, 5)
+    v = 0.045 + (0.05 - 0.045) * (1 - UNIFORM_EMA) ** 50
+    assert times.get(1) == pytest.approx(v * model.scale)
+    s0 = model.scale
+    for _ in range(300):                          # 16 requests' row fills in: the fit moves, no drift
+        for b in range(1, 6):
+            model.update(16, 16 * b, 0.05 + 0.002 * 16 * b)
+    assert model.scale == s0 and times.get(1) == pytest.approx(v * s0)
     for _ in range(300):                          # the machine gets 2x slower: ragged steps say so
         for b in range(1, 6):
             model.update(1, b, 2 * (0.02 + 0.01 * (b - 1)))
-    ratio = float(model.predict_step_time(1, 5)) / before
-    assert ratio > 1.8
-    assert abs(times.get(1) - 0.045 * ratio) < 1e-6
+    assert model.scale / s0 > 1.5
+    assert times.get(1) == pytest.approx(v * model.scale)
     times.observe(1, -1.0, 5)                     # ignored
-    assert abs(times.get(1) - 0.045 * ratio) < 1e-6
+    assert times.get(1) == pytest.approx(v * model.scale)
     assert times.get(3) is None
     plain = UniformTimes(None)                    # no profile: plain seconds
     plain.observe(2, 0.03, 10)
@@ -657,3 +664,42 @@ def test_ragged_time_prices_the_ragged_plan_on_what_its_steps_took():
         off.observe_step(survival=None, accepted=[2], verified=None, pred_drafts=off.last_pred_drafts,
                          uniform=False, step_s=1.5 * off.last_pred_ragged_s, pred_ragged_s=off.last_pred_ragged_s)
     assert off.ragged_time is None and off.decide(surv, max_len=4).budget == ragged.budget
+
+
+def test_a_full_budget_plan_is_priced_on_the_uniform_path_it_runs_on():
+    """A plan whose best budget is the full one runs on the uniform path: with that path's
+    time measured at this R it is priced on it, not on the ragged profile's full-budget
+    cell (on the deep pair a young profile priced 16 requests' full budget at 248 ms where
+    the uniform step took about 100, and the gate switched drafting off on that price)."""
+    model = _ragged_model()
+    surv = _rows([[0.99, 0.99, 0.99, 0.99]])
+    cfg = _old(explore_prob_young=0.0, explore_prob=0.0, probe=False)
+    ragged = BudgetPolicy(local_model=model, config=cfg).decide(surv, max_len=4)
+    assert ragged.budget == 4
+    assert ragged.predicted_step_seconds == pytest.approx(float(model.predict_step_time(1, 5)))
+    for t_u in (0.5 * ragged.predicted_step_seconds, 2.0 * ragged.predicted_step_seconds):
+        d = BudgetPolicy(local_model=model, config=cfg, uniform_step_time={1: t_u}.get).decide(surv, max_len=4)
+        assert d.budget == 4 and d.predicted_step_seconds == pytest.approx(t_u)
+        assert d.predicted_theta == pytest.approx((1 + float(surv.sum())) / t_u)
+
+
+def test_a_boundary_recheck_votes_with_the_uniform_path_not_its_thin_ragged_plan():
+    """A boundary re-check runs a thin ragged plan to measure its cell; the verdict on plain
+    decoding is the uniform path's, which the policy would run otherwise.  Here the ragged
+    plan (about 65 tokens/s) loses to measured no-draft steps (100) and the uniform path
+    (137) beats them: drafting must stay on however many re-checks run (the deep pair's
+    trace had a re-check at 4 requests ask for eight no-draft steps)."""
+    model = SpsModel(config=SpsModelConfig(min_ready_samples=5))
+    for b in range(1, 6):                  # one sample per ragged budget: ready, but thin
+        model.update(1, b, 0.02 + 0.01 * (b - 1))
+    surv = _rows([[0.9, 0.8, 0.7, 0.6]])
+    pol = BudgetPolicy(local_model=model, config=_old(explore_prob_young=0.0, explore_prob=0.0, probe=False),
+                       uniform_step_time={1: 0.025}.get)
+    for _ in range(pol.off_times.MIN_SAMPLES):
+        pol.off_times.observe_off(1, 0.01)
+    assert pol.off_times.measured(1)
+    for _ in range(400):
+        if pol.draft_step(1):
+            pol.decide(surv, max_len=4)
+    assert pol.boundary_checks > 40
+    assert not pol.gate.off and pol.gate.switches["off"] == 0, pol.gate.summary()

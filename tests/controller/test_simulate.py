@@ -365,7 +365,8 @@ def test_uniform_path_steps_stay_out_of_ready_profiles_in_worker_controller_and_
     steps, ctrl_steps = pol.model.steps, ctrl.model.steps
     pol.observe(now=5.0, R=1, B=5, t=0.030, accepted=acc, lengths=lens, uniform=True)
     assert pol.model.steps == steps and ctrl.model.steps == ctrl_steps
-    # the profile is ready now: the uniform time restarts as a ratio to its prediction (one clock)
-    assert pol.uniform_s.get(1) == pytest.approx(0.030)
+    # one average on the profile's drift clock, before and after the profile got ready
+    from dspark_controller.core.strategies import UNIFORM_EMA
+    assert pol.uniform_s.get(1) == pytest.approx((0.010 + UNIFORM_EMA * 0.020) * pol.model.scale)
     assert pol.brain.uniform_steps == 1
     assert pol.brain.uniform_step_time(1) == pytest.approx(pol.uniform_s.get(1))   # what the planner compares

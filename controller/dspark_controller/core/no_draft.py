@@ -97,10 +97,11 @@ def off_wins(theta_on: Optional[float], theta_off: Optional[float], *, best_budg
 class OffTimes(UniformTimes):
     """Per-R time of no-draft steps, kept relative to the profile's zero-budget cell.
 
-    Stored like :class:`~dspark_controller.core.strategies.UniformTimes` (as a ratio to the
-    profile's prediction for ``R`` requests and ``B = R`` batch tokens once it is ready, so
-    the time follows the machine's drift); an ``R`` never measured is read from the nearest
-    measured ``R``'s ratio times the prediction at ``(R, R)``.  An ``R``'s value is the mean
+    Stored as a ratio to the profile's prediction for ``R`` requests and ``B = R`` batch
+    tokens once it is ready (plain seconds before), so the time follows the machine's drift
+    and the zero-budget cell a no-draft step resembles (not the drift clock of
+    :class:`~dspark_controller.core.strategies.UniformTimes`); an ``R`` never measured is
+    read from the nearest measured ``R``'s ratio times the prediction at ``(R, R)``.  An ``R``'s value is the mean
     of its samples until ``UNIFORM_EMA`` weighs more, then that moving average, so its first
     samples do not outweigh the rest.  A ratio taken against a profile that has since seen
     ``STALE_GROWTH`` times as many steps is stale (the profile's shape moved under it, not
@@ -125,6 +126,31 @@ class OffTimes(UniformTimes):
         self.observe(r, step_s, batch_tokens=r)
         self._steps_at[r] = self._model_steps()
 
+    def observe(self, num_req: int, step_s: float, batch_tokens: int) -> None:
+        if not step_s > 0:
+            return
+        r = int(num_req)
+        pred = self._pred(r, batch_tokens)
+        x, is_ratio = (float(step_s) / pred, True) if pred is not None else (float(step_s), False)
+        old = self.base.get(r)
+        if old is None or old[2] != is_ratio:
+            self.base[r] = [x, int(batch_tokens), is_ratio]
+            self.samples[r] = 1
+        else:
+            n = self.samples.get(r, 1) + 1
+            self.samples[r] = n
+            old[0] += self._weight(n) * (x - old[0])
+            old[1] = int(batch_tokens)
+
+    def _ratio_get(self, r: int) -> Optional[float]:
+        e = self.base.get(int(r))
+        if e is None:
+            return None
+        if not e[2]:
+            return e[0]
+        pred = self._pred(int(r), e[1])
+        return None if pred is None else e[0] * pred
+
     def _weight(self, n: int) -> float:
         return max(1.0 / n, UNIFORM_EMA)    # the mean of the first samples, then the moving average
 
@@ -148,7 +174,7 @@ class OffTimes(UniformTimes):
     def get(self, num_req: int) -> Optional[float]:
         r = int(num_req)
         if self._fresh(r):
-            return super().get(r)
+            return self._ratio_get(r)
         ratios = [(abs(k - r), k) for k, e in self.base.items() if e[2] and k != r and self._fresh(k)]
         if not ratios:
             return None

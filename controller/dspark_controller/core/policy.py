@@ -244,6 +244,7 @@ class BudgetPolicy:
         #                             still count for the exploration schedule
         self.sources: Counter = Counter()
         self.boundary_checks = 0    # "uniform wins" steps that ran a thin ragged plan instead
+        self._checked_uniform: Optional[Decision] = None   # the uniform decision a boundary check set aside
         self.errors = 0
         self.last_source = "none"
         self.warming_up = False     # the last decide() declined because the profile is young
@@ -533,15 +534,22 @@ class BudgetPolicy:
             self.warming_up = True      # the profile is young: the caller's fallback decides
             return None
         planned = self._argmax(survival, model.sps_function(num_req))
+        self._checked_uniform = None
         d = self._uniform_if_better(planned, survival, num_req, full, admitted=True)
         d = self._uniform_over_off(d, planned, survival, num_req, full)
         known = self.last_known
         if known is None or known.any():
             self._know((survival if known is None else survival[known]).mean(axis=0))
         prices = self._prices(d, planned, num_req, full)
-        if self._measure_full_first(d, prices, num_req, full):
+        # a boundary re-check runs the ragged plan to measure its cell; the verdict on
+        # plain decoding is the uniform path's, which the policy would otherwise run
+        vote_d = self._checked_uniform if d is planned and self._checked_uniform is not None else d
+        if vote_d is not d:
+            prices = (self.realised_theta(num_req, vote_d.predicted_theta, vote_d.predicted_step_seconds),
+                      prices[1])
+        if self._measure_full_first(vote_d, prices, num_req, full):
             return self._note("measure", Decision(budget=full))
-        self._vote(d, prices, num_req)
+        self._vote(vote_d, prices, num_req)
         if cfg.probe:
             k2 = probe_budget(int(d.budget), full=full, rng=self._rng, prob=cfg.probe_prob, step=cfg.probe_step)
             if k2 is not None:      # a neighbouring budget, so the row's slope is its own
@@ -559,15 +567,22 @@ class BudgetPolicy:
                            theta: Optional[float] = None, admitted: bool = False) -> Decision:
         """Verify everything (the uniform path) when its measured step time gives more expected
         tokens per second than the best ragged budget ``d`` (priced at ``theta`` when given,
-        else at its own prediction); ``d`` otherwise.  ``admitted``: each side's expected
-        drafts are scaled by what such steps realised, and the ragged plan's profile-predicted
-        time by what the ragged plans' steps at this R took (:class:`RaggedTime`), so both
-        sides are priced on measured time (local plans only: their step time is the local
-        profile's)."""
+        else at its own prediction); ``d`` otherwise.  A ``d`` of the full budget runs on the
+        uniform path too: it is priced on that path's measured time (the ragged profile's
+        price of the full budget describes a layout that does not run).  ``admitted``: each
+        side's expected drafts are scaled by what such steps realised, and the ragged plan's
+        profile-predicted time by what the ragged plans' steps at this R took
+        (:class:`RaggedTime`), so both sides are priced on measured time (local plans only:
+        their step time is the local profile's)."""
         theta = d.predicted_theta if theta is None else theta
-        if self.uniform_step_time is None or d.budget >= full or theta is None:
+        if self.uniform_step_time is None or theta is None:
             return d
         t_u, theta_u = self._uniform_theta(survival, num_req, admitted=admitted)
+        if d.budget >= full:
+            # the full budget runs on the uniform path: priced on that path's measured time
+            if theta_u is None:
+                return d
+            return Decision(budget=full, predicted_step_seconds=float(t_u), predicted_theta=theta_u)
         if admitted and self.admission is not None:
             theta = admitted_theta(theta, d.predicted_step_seconds, num_req=num_req,
                                    factor=self.admission.factor(uniform=False))
@@ -576,6 +591,8 @@ class BudgetPolicy:
         uniform, checked = prefer_uniform(theta_u, theta, model=self.local_model,
                                           num_req=num_req, budget=d.budget, rng=self._rng)
         self.boundary_checks += int(checked)
+        self._checked_uniform = (Decision(budget=full, predicted_step_seconds=float(t_u), predicted_theta=theta_u)
+                                 if checked else None)
         if uniform:
             return Decision(budget=full, predicted_step_seconds=float(t_u), predicted_theta=theta_u)
         return d

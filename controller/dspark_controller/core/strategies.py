@@ -292,23 +292,24 @@ def profile_takes_step(model: Any, uniform: bool) -> bool:
 
 
 class UniformTimes:
-    """Per-R average of uniform-path step seconds, kept relative to the profile.
+    """Per-R average of uniform-path step seconds, on the profile's drift clock.
 
     The planner compares a measured uniform-path step with the profile's prediction for a
     ragged one (:func:`prefer_uniform`).  The profile follows a machine that speeds up or
-    slows down (its drift factor and refits), but only ragged steps move it; a raw average of
+    slows down through its drift factor, but only ragged steps move it; a raw average of
     uniform steps taken minutes ago does not follow, and once the ragged plan wins at some R
     nothing re-measures the uniform path there, so a uniform time caught in a slow spell kept
-    the worker verifying fewer tokens at one request on a noisy host.  So, once the profile
-    is ready, a sample is stored as its ratio to the profile's prediction for the same step
-    laid out ragged (``R`` requests, ``batch_tokens``), and read back as that ratio times
-    the current prediction: both sides of the comparison are on one clock.  Before that,
-    and without a profile, plain seconds."""
+    the worker verifying fewer tokens at one request on a noisy host.  So a sample is stored
+    divided by the profile's drift factor (``model.scale``) and read back times today's.
+    Not relative to the profile's prediction for the step: a young profile's per-R terms
+    move by several times as its fit fills in (on the ``deep`` pair a 16-request uniform
+    step read as 48 ms where it took about 120, after a refit moved the row it was stored
+    against), and the uniform time is the comparison's measured side.  Without a profile,
+    plain seconds."""
 
     def __init__(self, model: Any = None) -> None:
         self.model = model
-        # R -> [EMA value, batch tokens of the uniform step, True when the value is a ratio]
-        self.base: dict[int, list] = {}
+        self.base: dict[int, list] = {}         # R -> [EMA of seconds / drift factor, batch tokens]
         self.samples: dict[int, int] = {}       # R -> samples in its current value
 
     def _pred(self, num_req: int, batch_tokens: int) -> Optional[float]:
@@ -318,15 +319,19 @@ class UniformTimes:
         t = float(m.predict_step_time(int(num_req), int(batch_tokens)))
         return t if t > 0 and math.isfinite(t) else None
 
+    def _scale(self) -> float:
+        """The profile's drift factor (1 without a profile)."""
+        s = getattr(self.model, "scale", None) if self.model is not None else None
+        return float(s) if s is not None and s > 0 and math.isfinite(s) else 1.0
+
     def observe(self, num_req: int, step_s: float, batch_tokens: int) -> None:
         if not step_s > 0:
             return
         r = int(num_req)
-        pred = self._pred(r, batch_tokens)
-        x, is_ratio = (float(step_s) / pred, True) if pred is not None else (float(step_s), False)
+        x = float(step_s) / self._scale()
         old = self.base.get(r)
-        if old is None or old[2] != is_ratio:      # first sample, or the profile just got ready
-            self.base[r] = [x, int(batch_tokens), is_ratio]
+        if old is None:
+            self.base[r] = [x, int(batch_tokens)]
             self.samples[r] = 1
         else:
             n = self.samples.get(r, 1) + 1
@@ -342,12 +347,7 @@ class UniformTimes:
     def get(self, num_req: int) -> Optional[float]:
         """Seconds of a uniform-path step at ``num_req`` requests, on today's clock (None: none seen)."""
         e = self.base.get(int(num_req))
-        if e is None:
-            return None
-        if not e[2]:
-            return e[0]
-        pred = self._pred(int(num_req), e[1])
-        return None if pred is None else e[0] * pred
+        return None if e is None else e[0] * self._scale()
 
 
 def learn_step_time(model: Any, times: UniformTimes, brain: Any, *, num_req: int, batch_tokens: int,
