@@ -101,9 +101,9 @@ class OffTimes(UniformTimes):
     tokens once it is ready (plain seconds before), so the time follows the machine's drift
     and the zero-budget cell a no-draft step resembles (not the drift clock of
     :class:`~dspark_controller.core.strategies.UniformTimes`); an ``R`` never measured is
-    read from the nearest measured ``R``'s ratio times the prediction at ``(R, R)``.  An ``R``'s value is the mean
-    of its samples until ``UNIFORM_EMA`` weighs more, then that moving average, so its first
-    samples do not outweigh the rest.  A ratio taken against a profile that has since seen
+    read from the nearest measured ``R``'s ratio times the prediction at ``(R, R)``.  An
+    ``R``'s value is the mean of its samples until ``UNIFORM_EMA`` weighs more, then that
+    moving average, so its first samples do not outweigh the rest.  A ratio taken against a profile that has since seen
     ``STALE_GROWTH`` times as many steps is stale (the profile's shape moved under it, not
     the machine: on the ``deep`` pair a ratio from the warm-up read a 4-request no-draft
     step as 193 ms where it took about 60) and reads as unmeasured, so the policy's off
@@ -126,30 +126,16 @@ class OffTimes(UniformTimes):
         self.observe(r, step_s, batch_tokens=r)
         self._steps_at[r] = self._model_steps()
 
-    def observe(self, num_req: int, step_s: float, batch_tokens: int) -> None:
-        if not step_s > 0:
-            return
-        r = int(num_req)
-        pred = self._pred(r, batch_tokens)
-        x, is_ratio = (float(step_s) / pred, True) if pred is not None else (float(step_s), False)
-        old = self.base.get(r)
-        if old is None or old[2] != is_ratio:
-            self.base[r] = [x, int(batch_tokens), is_ratio]
-            self.samples[r] = 1
-        else:
-            n = self.samples.get(r, 1) + 1
-            self.samples[r] = n
-            old[0] += self._weight(n) * (x - old[0])
-            old[1] = int(batch_tokens)
+    def _encode(self, num_req: int, step_s: float, batch_tokens: int) -> tuple:
+        """(ratio to the profile's prediction, True) once it is ready, else (seconds, False)."""
+        pred = self._pred(num_req, batch_tokens)
+        return (float(step_s) / pred, True) if pred is not None else (float(step_s), False)
 
-    def _ratio_get(self, r: int) -> Optional[float]:
-        e = self.base.get(int(r))
-        if e is None:
-            return None
-        if not e[2]:
-            return e[0]
-        pred = self._pred(int(r), e[1])
-        return None if pred is None else e[0] * pred
+    def _decode(self, num_req: int, entry: list) -> Optional[float]:
+        if not entry[2]:
+            return entry[0]
+        pred = self._pred(num_req, entry[1])
+        return None if pred is None else entry[0] * pred
 
     def _weight(self, n: int) -> float:
         return max(1.0 / n, UNIFORM_EMA)    # the mean of the first samples, then the moving average
@@ -174,7 +160,7 @@ class OffTimes(UniformTimes):
     def get(self, num_req: int) -> Optional[float]:
         r = int(num_req)
         if self._fresh(r):
-            return self._ratio_get(r)
+            return super().get(r)
         ratios = [(abs(k - r), k) for k, e in self.base.items() if e[2] and k != r and self._fresh(k)]
         if not ratios:
             return None

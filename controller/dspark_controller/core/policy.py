@@ -578,11 +578,11 @@ class BudgetPolicy:
         if self.uniform_step_time is None or theta is None:
             return d
         t_u, theta_u = self._uniform_theta(survival, num_req, admitted=admitted)
+        uniform_d = (None if theta_u is None
+                     else Decision(budget=full, predicted_step_seconds=float(t_u), predicted_theta=theta_u))
         if d.budget >= full:
             # the full budget runs on the uniform path: priced on that path's measured time
-            if theta_u is None:
-                return d
-            return Decision(budget=full, predicted_step_seconds=float(t_u), predicted_theta=theta_u)
+            return d if uniform_d is None else uniform_d
         if admitted and self.admission is not None:
             theta = admitted_theta(theta, d.predicted_step_seconds, num_req=num_req,
                                    factor=self.admission.factor(uniform=False))
@@ -591,11 +591,8 @@ class BudgetPolicy:
         uniform, checked = prefer_uniform(theta_u, theta, model=self.local_model,
                                           num_req=num_req, budget=d.budget, rng=self._rng)
         self.boundary_checks += int(checked)
-        self._checked_uniform = (Decision(budget=full, predicted_step_seconds=float(t_u), predicted_theta=theta_u)
-                                 if checked else None)
-        if uniform:
-            return Decision(budget=full, predicted_step_seconds=float(t_u), predicted_theta=theta_u)
-        return d
+        self._checked_uniform = uniform_d if checked else None
+        return uniform_d if uniform else d
 
     def _uniform_theta(self, survival: np.ndarray, num_req: int, *, admitted: bool) -> tuple:
         """(the uniform path's measured step seconds at ``num_req``, its expected tokens/s on

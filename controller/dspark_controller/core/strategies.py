@@ -309,7 +309,8 @@ class UniformTimes:
 
     def __init__(self, model: Any = None) -> None:
         self.model = model
-        self.base: dict[int, list] = {}         # R -> [EMA of seconds / drift factor, batch tokens]
+        # R -> [EMA of the stored value (seconds / drift factor here), batch tokens, its kind]
+        self.base: dict[int, list] = {}
         self.samples: dict[int, int] = {}       # R -> samples in its current value
 
     def _pred(self, num_req: int, batch_tokens: int) -> Optional[float]:
@@ -324,14 +325,25 @@ class UniformTimes:
         s = getattr(self.model, "scale", None) if self.model is not None else None
         return float(s) if s is not None and s > 0 and math.isfinite(s) else 1.0
 
+    def _encode(self, num_req: int, step_s: float, batch_tokens: int) -> tuple:
+        """(the value a sample is stored as, its kind): seconds over the drift factor.  A
+        sample of another kind than the stored average restarts it."""
+        del num_req, batch_tokens
+        return float(step_s) / self._scale(), True
+
+    def _decode(self, num_req: int, entry: list) -> Optional[float]:
+        """Seconds, on today's clock, of a stored ``[value, batch tokens, kind]``."""
+        del num_req
+        return entry[0] * self._scale()
+
     def observe(self, num_req: int, step_s: float, batch_tokens: int) -> None:
         if not step_s > 0:
             return
         r = int(num_req)
-        x = float(step_s) / self._scale()
+        x, kind = self._encode(r, step_s, batch_tokens)
         old = self.base.get(r)
-        if old is None:
-            self.base[r] = [x, int(batch_tokens)]
+        if old is None or old[2] != kind:
+            self.base[r] = [x, int(batch_tokens), kind]
             self.samples[r] = 1
         else:
             n = self.samples.get(r, 1) + 1
@@ -347,7 +359,7 @@ class UniformTimes:
     def get(self, num_req: int) -> Optional[float]:
         """Seconds of a uniform-path step at ``num_req`` requests, on today's clock (None: none seen)."""
         e = self.base.get(int(num_req))
-        return None if e is None else e[0] * self._scale()
+        return None if e is None else self._decode(int(num_req), e)
 
 
 def learn_step_time(model: Any, times: UniformTimes, brain: Any, *, num_req: int, batch_tokens: int,
