@@ -198,6 +198,8 @@ class DSparkControlledWorker(DSparkWorkerV2):
         mode = batch.forward_mode
         if self._anchor_commit is not None and not (mode.is_decode() or mode.is_extend()):
             self._anchor_commit.flush()
+        if not mode.is_decode():
+            self._gap_prev = None    # the gap after the last decode step holds this forward
         return super().forward_batch_generation(batch, on_publish, grammar_barrier,
                                                 pp_proxy_tensors=pp_proxy_tensors)
 
@@ -265,11 +267,13 @@ class DSparkControlledWorker(DSparkWorkerV2):
             executor.__dict__.pop("_run_ragged", None)
         return result
 
-    GAP_MAX_STEPS = 4.0   # a longer gap held a prefill or an idle spell, not per-step work
+    GAP_MAX_STEPS = 4.0   # a longer gap held an idle spell, not per-step work
 
     def _feed_gap(self) -> None:
         """The scheduler's time between the previous decode step and this one (host-timed
-        engines only), priced by the policy per step kind and R (StepGaps)."""
+        engines only), priced by the policy per step kind and R (StepGaps).  Not a gap that
+        held another forward (a prefill or extend, :meth:`forward_batch_generation` forgets
+        the previous step) nor one over ``GAP_MAX_STEPS`` times the step before it."""
         gap, prev = self._clock.gap_s, self._gap_prev
         self._gap_prev = None
         if gap is not None and prev is not None and gap <= self.GAP_MAX_STEPS * prev[2]:

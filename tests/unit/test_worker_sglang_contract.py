@@ -161,10 +161,18 @@ def test_forward_batch_generation_flushes_before_a_non_decode_non_extend_forward
     def batch(name, mode):
         return SimpleNamespace(name=name, forward_mode=mode, is_extend_in_batch=False)
 
+    last_step = (1, False, 0.012)      # (R, drafted, seconds) of the last timed decode step
+    w._gap_prev = last_step
     assert w.forward_batch_generation(batch("decode", ForwardMode.DECODE), "pub", "gb",
                                       pp_proxy_tensors="pp") == "result"
+    assert w._gap_prev == last_step    # a decode step's gap is timed in _forward_decode
     w.forward_batch_generation(batch("prefill", ForwardMode.EXTEND), "pub")
+    # the gap after the last decode step now holds a prefill: no gap sample (on the bench
+    # pair a 42 ms one stood for a 1-request no-draft step's host work, its only sample)
+    assert w._gap_prev is None
+    w._gap_prev = last_step
     w.forward_batch_generation(batch("idle", ForwardMode.IDLE))
+    assert w._gap_prev is None
     # a decode batch decides in _forward_decode (a no-draft step keeps the rows pending); a
     # prefill queues its rows behind them (AnchorCommit.prefill); anything else lands them
     assert calls == [("decode", "pub", "gb", "pp", 0), ("prefill", "pub", None, None, 0),
