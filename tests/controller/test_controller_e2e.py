@@ -55,6 +55,10 @@ def test_many_workers_learn_shared_profiles_and_get_good_decisions(controllers, 
         return st if st and st.counters.get("telemetry_steps", 0) >= total else None
 
     st = wait_for(all_in, 60, 0.2, "all telemetry to arrive")
+    # decisions judged below are planned on all of it (one publish interval later): one
+    # issued while the full suite loaded the machine came from a partial view once (0.971
+    # of the oracle's throughput)
+    settled_at = time.time() + 0.3
     assert all(c.counters.get("dropped_queue_full", 0) == 0 for _, c in workers)
     # engines with the same fingerprint (ranks ignored) share one profile
     assert len(st.profiles) == 2
@@ -79,7 +83,8 @@ def test_many_workers_learn_shared_profiles_and_get_good_decisions(controllers, 
     assert np.allclose(eng["smooth-0"].acceptance, DEFAULT_ACCEPTANCE[:GAMMA], atol=0.06)
     # decisions: every worker holds a fresh one whose budget is >= 98% of the oracle's
     for kind, c in workers:
-        d = wait_for(lambda c=c: c.latest_decision(max_age_s=5.0), 10, what="decision")
+        d = wait_for(lambda c=c: (lambda d: d if d and d.issued_at >= settled_at else None)(
+            c.latest_decision(max_age_s=5.0)), 10, what="a decision on all the telemetry")
         assert d.policy.mode == "throughput" and not d.verify_all and d.budget_tokens is not None
         assert d.sps_table is not None and d.sps_table.sample_batch_tokens[0] == d.num_requests
         assert _true_quality(d, CURVES[kind]) >= 0.98, (kind, d.num_requests, d.budget_tokens, d.reason)
