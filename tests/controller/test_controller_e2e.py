@@ -36,7 +36,9 @@ def _true_quality(decision, curve):
 
 def test_many_workers_learn_shared_profiles_and_get_good_decisions(controllers, clients, short_tmp):
     mport = free_port()
-    ctl = controllers("--decision-interval-s", "0.05", "--profile-publish-s", "0.3", "--metrics-port", str(mport))
+    publish_s = 0.3
+    ctl = controllers("--decision-interval-s", "0.05", "--profile-publish-s", str(publish_s),
+                      "--metrics-port", str(mport))
     address = ctl.bind
     workers = []
     for i in range(8):
@@ -58,7 +60,7 @@ def test_many_workers_learn_shared_profiles_and_get_good_decisions(controllers, 
     # decisions judged below are planned on all of it (one publish interval later): one
     # issued while the full suite loaded the machine came from a partial view once (0.971
     # of the oracle's throughput)
-    settled_at = time.time() + 0.3
+    settled_at = time.time() + publish_s
     assert all(c.counters.get("dropped_queue_full", 0) == 0 for _, c in workers)
     # engines with the same fingerprint (ranks ignored) share one profile
     assert len(st.profiles) == 2
