@@ -413,6 +413,28 @@ def test_prefer_uniform_rechecks_only_thin_ragged_cells():
     assert prefer_uniform(30.0, 20.0, model=None, rng=_Draws(0.0), **kw) == (True, False)
 
 
+def test_a_plan_priced_on_measured_neighbours_is_not_rechecked():
+    """The re-check asks whether the plan's price stands on data: its cell and the
+    ``row_window`` cells on each side (the row's local fit there); an empty cell between
+    measured neighbours is not thin."""
+    from dspark_controller.core.strategies import BOUNDARY_MIN_SAMPLES, prefer_uniform
+
+    model = SpsModel()
+    for b in (1, 2, 4, 5):                         # every cell near B = 3 but B = 3 itself
+        for _ in range(int(BOUNDARY_MIN_SAMPLES)):
+            model.update(1, b, 0.02 + 0.01 * (b - 1))
+    assert float(model.cell_weights(1, [3])[0]) == 0.0
+    half = model.config.row_window
+    assert model.window_weight(1, 3) == pytest.approx(float(model.cell_weights(1, np.arange(max(3 - half, 1), 4 + half)).sum()))
+    assert model.window_weight(1, 3) >= BOUNDARY_MIN_SAMPLES
+    assert model.window_weight(1, 40) == 0.0      # far from every sample
+    rng = _Draws(0.0)
+    assert prefer_uniform(30.0, 20.0, model=model, rng=rng, num_req=1, budget=2) == (True, False)
+    assert rng.calls == 0
+    rng = _Draws(0.0)                              # a plan out where nothing was measured: re-checked
+    assert prefer_uniform(30.0, 20.0, model=model, rng=rng, num_req=1, budget=39) == (False, True)
+
+
 def test_a_near_tie_keeps_rechecking_at_a_fading_share():
     from dspark_controller.core.strategies import (BOUNDARY_CHECK_PROB, BOUNDARY_MIN_SAMPLES, BOUNDARY_NEAR, boundary_check_probability, prefer_uniform)
 
@@ -421,7 +443,7 @@ def test_a_near_tie_keeps_rechecking_at_a_fading_share():
     for b in range(1, 6):
         for _ in range(n):
             thick.update(1, b, 0.02 + 0.01 * (b - 1))
-    w = float(thick.cell_weights(1, [3])[0])
+    w = thick.window_weight(1, 3)       # the plan's cell (R = 1, B = 3) and its neighbours
     assert w >= BOUNDARY_MIN_SAMPLES
     p = boundary_check_probability(w, 0.5 * BOUNDARY_NEAR)
     assert p == pytest.approx(BOUNDARY_CHECK_PROB * (BOUNDARY_MIN_SAMPLES / w) ** 2) and 0 < p < BOUNDARY_CHECK_PROB
@@ -507,6 +529,101 @@ def test_explore_now_draws_once_and_only_when_a_branch_can_explore():
             model.update(1, b, 0.02 + 0.01 * b)
     rng = _Draws(0.02)                         # old and settled: 0.01 applies
     assert explore_now(cfg, model, steps=1000, num_req=1, full=4, rng=rng) is False and rng.calls == 1
+
+
+def test_a_settled_row_explores_at_the_settled_rate():
+    """uniform_settled: the uniform path beats the profile's best ragged budget by the
+    boundary rule's verdict (BOUNDARY_NEAR, on BOUNDARY_MIN_SAMPLES); such a row explores
+    only to stay fresh (explore_now's ``decided``, asked only when the draw falls between
+    the settled rate and the row's)."""
+    from dspark_controller.core.strategies import (BOUNDARY_MIN_SAMPLES, BOUNDARY_NEAR, explore_now, ragged_prices,
+                                                   uniform_settled)
+
+    model = SpsModel(config=SpsModelConfig(min_ready_samples=5))
+    for b in range(1, 5):                          # every ragged budget at R = 1, measured; the
+        for _ in range(int(BOUNDARY_MIN_SAMPLES) if b < 4 else 2):   # last cell twice (not a settled row)
+            model.update(1, b, 0.030 + 0.001 * (b - 1))
+    model.refit()
+    surv = _rows([[0.9, 0.9, 0.9, 0.9]])
+    prices = ragged_prices(surv, num_req=1, model=model)
+    tokens = 1 + np.concatenate(([0.0], np.cumsum(surv.ravel())[:-1]))
+    assert prices == pytest.approx(tokens / model.predict_step_time(np.ones(4, dtype=int), 1 + np.arange(4)))
+    best = float(prices.max())
+    assert uniform_settled(best * (1 + BOUNDARY_NEAR) * 1.01, surv, num_req=1, model=model)
+    assert not uniform_settled(best * (1 + BOUNDARY_NEAR) * 0.99, surv, num_req=1, model=model)   # a near tie
+    assert not uniform_settled(None, surv, num_req=1, model=model)
+    thin = SpsModel(config=SpsModelConfig(min_ready_samples=5))
+    for b in range(1, 5):
+        thin.update(1, b, 0.030 + 0.001 * (b - 1))
+    thin.update(1, 1, 0.030)
+    assert not uniform_settled(best * 2, surv, num_req=1, model=thin)    # its price stands on 5 samples
+    cfg = PolicyConfig()
+    calls = []
+
+    def decided():
+        calls.append(1)
+        return True
+    # young and thin: 0.25; a draw above the settled rate (0.01) is declined on a decided row
+    assert explore_now(cfg, thin, steps=0, num_req=1, full=4, rng=_Draws(0.1), decided=decided) is False
+    assert len(calls) == 1
+    assert explore_now(cfg, thin, steps=0, num_req=1, full=4, rng=_Draws(0.005), decided=decided) is True
+    assert explore_now(cfg, thin, steps=0, num_req=1, full=4, rng=_Draws(0.5), decided=decided) is False
+    assert len(calls) == 1                         # not asked below the settled rate or above the row's
+    assert explore_now(cfg, thin, steps=0, num_req=1, full=4, rng=_Draws(0.1), decided=lambda: False) is True
+    # the policy: a settled row explores ~explore_prob_settled of its steps
+    cfg = _old(probe=False, explore_prob=0.2)
+    fast = {1: (1 + surv.sum()) / (best * (1 + 2 * BOUNDARY_NEAR))}
+    pol = BudgetPolicy(local_model=model, config=cfg, uniform_step_time=fast.get)
+    n = 4000
+    for _ in range(n):
+        pol.decide(surv, max_len=4)
+    assert pol.sources["explore"] / n < 2 * cfg.explore_prob_settled, pol.sources
+    slow = {1: (1 + surv.sum()) / (best * (1 + 0.5 * BOUNDARY_NEAR))}
+    pol = BudgetPolicy(local_model=model, config=cfg, uniform_step_time=slow.get)
+    for _ in range(n):
+        pol.decide(surv, max_len=4)
+    assert pol.sources["explore"] / n > 0.1, pol.sources       # a near tie: the row's rate
+
+
+def test_exploration_measures_the_most_promising_thin_budget():
+    """explore_budget's targeted half, given the step's survival: the ragged budget the
+    profile prices highest among those whose price stands on too few samples; once every
+    one stands on data, the thinnest cell."""
+    from dspark_controller.core.strategies import BOUNDARY_MIN_SAMPLES, explore_budget, ragged_prices
+
+    model = SpsModel(config=SpsModelConfig(min_ready_samples=5))
+    for b in range(1, 41):                          # R = 4, B = 1..40: one sample each
+        model.update(4, b, 0.02 + 0.001 * b)
+    model.refit()
+    surv = _rows([[0.9] * 4] * 4)                   # full = 16: K = 0..15, B = 4..19
+    prices = ragged_prices(surv, num_req=4, model=model)
+    assert np.all(np.asarray(model.window_weight(4, 4 + np.arange(16))) < BOUNDARY_MIN_SAMPLES)
+    assert explore_budget(model, num_req=4, full=16, rng=_Draws(0.1), survival=surv) == int(np.argmax(prices))
+    for b in range(1, 41):
+        for _ in range(int(BOUNDARY_MIN_SAMPLES)):
+            model.update(4, b, 0.02 + 0.001 * b)
+    assert np.all(np.asarray(model.window_weight(4, 4 + np.arange(16))) >= BOUNDARY_MIN_SAMPLES)
+    w = model.cell_weights(4, 4 + np.arange(16))
+    assert explore_budget(model, num_req=4, full=16, rng=_Draws(0.0), survival=surv) == int(np.argmin(w))
+    assert explore_budget(model, num_req=4, full=16, rng=_Draws(0.0)) == int(np.argmin(w))   # no survival
+
+
+def test_probes_move_ragged_choices_only():
+    """A full budget (the uniform path) is not probed: the ragged plans near it are
+    measured by the boundary re-checks (prefer_uniform) and by exploration."""
+    model = SpsModel(config=SpsModelConfig(min_ready_samples=5))
+    for b in range(1, 6):
+        for _ in range(20):
+            model.update(1, b, 0.02 + 0.01 * (b - 1))
+    surv = _rows([[0.95, 0.95, 0.95, 0.95]])
+    cfg = _old(explore=False, probe_prob=0.5)
+    pol = BudgetPolicy(local_model=model, config=cfg, uniform_step_time={1: 0.021}.get)
+    ks = [pol.decide(surv, max_len=4).budget for _ in range(400)]
+    assert pol.sources["probe"] == 0 and set(ks) == {4}, pol.sources
+    low = _rows([[0.9, 0.5, 0.1, 0.1]])            # a ragged plan wins: it is probed
+    pol = BudgetPolicy(local_model=model, config=cfg, uniform_step_time={1: 0.2}.get)
+    ks = [pol.decide(low, max_len=4).budget for _ in range(400)]
+    assert pol.sources["probe"] > 100 and max(ks) < 4, (pol.sources, set(ks))
 
 
 def test_uniform_times_follow_the_profiles_drift_factor_not_its_refits():

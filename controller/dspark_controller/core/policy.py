@@ -27,15 +27,18 @@ Strategies, each with its constants in :class:`PolicyConfig` and an off switch:
 * **calibration** -- the lagged survival is replaced by the rate at which such
   predictions were realised (:class:`SurvivalCalibrator`);
 * **exploration** -- on a fraction of steps that shrinks as the step's profile row is
-  measured, a budget chosen to fill the row (:func:`.planner.explore_now`,
-  :func:`.planner.explore_budget`);
+  measured, a budget chosen to fill the row where a plan could still win
+  (:func:`.planner.explore_now`, :func:`.planner.explore_budget`); a row whose uniform
+  path beats every ragged budget by the boundary rule's verdict explores only at the
+  settled rate (:func:`.planner.uniform_settled`);
 * **uniform gate** -- verify every draft on SGLang's uniform path when its measured time
   gives more expected tokens per second than the best ragged budget
   (:func:`.planner.prefer_uniform`, with boundary re-checks at near ties);
 * **admission gain** -- that comparison scales each side's expected accepted drafts by
   what such steps realised (:class:`.planner.AdmissionGain`);
-* **probes** -- a small share of the local choices move by a fixed step, so the profile's
-  row learns its own slope around the choice (:func:`.planner.probe_budget`);
+* **probes** -- a small share of the local ragged choices move by a fixed step, so the
+  profile's row learns its own slope around the choice (:func:`.planner.probe_budget`; a
+  full budget is not probed: the boundary re-checks measure the ragged plans near it);
 * **no-draft steps** -- each priced local plan votes on plain decoding against its own
   expected tokens/s, and a :class:`.no_draft.DraftGate` with hysteresis turns the votes
   into drafting or not; off steps are also run on a small share of steps to measure
@@ -67,7 +70,7 @@ import numpy as np
 
 from dspark_controller.core.no_draft import DraftGate, GateConfig, OffTimes, StepGaps, off_wins, per_period
 from dspark_controller.core.method import (clean_survival, clip01, compute_lagged_budget, lagged_budget_fast, survival_to_confidences)
-from dspark_controller.core.strategies import (PROBE_PROB, PROBE_STEP, AdmissionGain, RaggedTime, _operator_pinned, admitted_theta, budget_from_controller, controller_allows_uniform, explore_budget, explore_now, local_theta, prefer_uniform, probe_budget, uniform_throughput)
+from dspark_controller.core.strategies import (PROBE_PROB, PROBE_STEP, AdmissionGain, RaggedTime, _operator_pinned, admitted_theta, budget_from_controller, controller_allows_uniform, explore_budget, explore_now, local_theta, prefer_uniform, probe_budget, uniform_settled, uniform_throughput)
 
 __all__ = ["PolicyConfig", "Decision", "SurvivalCalibrator", "BudgetPolicy"]
 
@@ -520,9 +523,9 @@ class BudgetPolicy:
         # and puts the unseen budgets into the telemetry the controller learns from; not
         # when the operator pinned the policy (off = verify all, or a fixed fraction)
         if cfg.explore and model is not None and not _operator_pinned(decision):
-            if explore_now(cfg, model, steps=model.steps + self.uniform_steps,
-                           num_req=num_req, full=full, rng=self._rng):
-                k = explore_budget(model, num_req=num_req, full=full, rng=self._rng)
+            if explore_now(cfg, model, steps=model.steps + self.uniform_steps, num_req=num_req, full=full,
+                           rng=self._rng, decided=lambda: self._row_decided(survival, num_req)):
+                k = explore_budget(model, num_req=num_req, full=full, rng=self._rng, survival=survival)
                 return self._note("explore", Decision(budget=k))
         if decision is not None:
             out = self._from_controller(decision, survival, num_req, full)
@@ -550,7 +553,7 @@ class BudgetPolicy:
         if self._measure_full_first(vote_d, prices, num_req, full):
             return self._note("measure", Decision(budget=full))
         self._vote(vote_d, prices, num_req)
-        if cfg.probe:
+        if cfg.probe and int(d.budget) < full:   # a full budget: the re-checks of prefer_uniform
             k2 = probe_budget(int(d.budget), full=full, rng=self._rng, prob=cfg.probe_prob, step=cfg.probe_step)
             if k2 is not None:      # a neighbouring budget, so the row's slope is its own
                 return self._note("probe", Decision(budget=k2))
@@ -593,6 +596,16 @@ class BudgetPolicy:
         self.boundary_checks += int(checked)
         self._checked_uniform = uniform_d if checked else None
         return uniform_d if uniform else d
+
+    def _row_decided(self, survival: np.ndarray, num_req: int) -> bool:
+        """Exploring this step's row cannot change its decision: the uniform path's measured
+        price beats every ragged budget's by the boundary rule
+        (:func:`.strategies.uniform_settled`; the step's survival, no admission correction
+        on either side)."""
+        if self.uniform_step_time is None:
+            return False
+        theta_u = uniform_throughput(survival, num_req=num_req, uniform_step_s=self.uniform_step_time(num_req))
+        return uniform_settled(theta_u, survival, num_req=num_req, model=self.local_model)
 
     def _uniform_theta(self, survival: np.ndarray, num_req: int, *, admitted: bool) -> tuple:
         """(the uniform path's measured step seconds at ``num_req``, its expected tokens/s on

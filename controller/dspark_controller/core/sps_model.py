@@ -945,6 +945,18 @@ class SpsModel:
         # decay only the cells asked for (the planner asks for one, or one row's budgets)
         return self._w[rb, bb] * np.power(self._lam, (self.steps - self._last[rb, bb]).astype(np.float64))
 
+    def window_weight(self, num_requests: int, batch_tokens: Any) -> Any:
+        """Effective (forgotten) samples of the ``(R, B)`` cell and of the ``row_window``
+        B-bins on each side of it in the same row: the data the row's local fit around
+        ``B`` stands on.  A scalar ``batch_tokens`` gives a float, an array an array."""
+        rb = int(self._r_bin_np[min(max(int(num_requests), 0), self._r_top)])
+        bb = self._b_bin_np[np.clip(np.asarray(batch_tokens, dtype=np.int64), 0, self._b_top - 1)]
+        half = int(self.config.row_window)
+        row = self._w[rb] * np.power(self._lam, (self.steps - self._last[rb]).astype(np.float64))
+        c = np.concatenate(([0.0], np.cumsum(row)))
+        out = c[np.minimum(bb + half + 1, self.n_b)] - c[np.maximum(bb - half, 0)]
+        return float(out) if np.ndim(out) == 0 else out
+
     def bin_weights(self) -> np.ndarray:
         """Effective (forgotten) sample count per B-bin."""
         return self._decayed_weights().sum(axis=0)

@@ -55,10 +55,14 @@ def row_thinness(model: Any, *, num_req: int, full: int) -> Optional[float]:
     return float(np.min(weights(int(num_req), int(num_req) + np.arange(int(full)))))
 
 
-def explore_now(config: Any, model: Any, *, steps: int, num_req: int, full: int, rng: Any) -> bool:
+def explore_now(config: Any, model: Any, *, steps: int, num_req: int, full: int, rng: Any,
+                decided: Optional[Callable[[], bool]] = None) -> bool:
     """Whether this step explores, from at most one ``rng.random()`` draw (none when no
     schedule branch can explore); the row's thinness is looked up only when the draw falls
-    under the highest probability the schedule could give.  Worker and simulator share it."""
+    under the highest probability the schedule could give.  ``decided()`` (looked up only
+    when the draw would explore above the settled rate): the row's question is answered
+    whatever its ragged cells hold (:func:`uniform_settled`), so
+    it explores at ``explore_prob_settled``, only to stay fresh.  Worker and simulator share it."""
     # the highest probability any row could get at this age: one thin row of each kind
     p_hi = max(exploration_probability(config, steps, thin)
                for thin in (0.0, YOUNG_ROW_SAMPLES, SETTLED_ROW_SAMPLES))
@@ -67,7 +71,13 @@ def explore_now(config: Any, model: Any, *, steps: int, num_req: int, full: int,
     u = float(rng.random())
     if u >= p_hi:
         return False
-    return u < exploration_probability(config, steps, row_thinness(model, num_req=num_req, full=full))
+    p = exploration_probability(config, steps, row_thinness(model, num_req=num_req, full=full))
+    if u >= p:
+        return False
+    settled = min(float(config.explore_prob_settled), p)
+    if u >= settled and decided is not None and decided():
+        return False
+    return True
 
 
 def _operator_pinned(decision: Any) -> bool:
@@ -110,12 +120,16 @@ def prefer_uniform(theta_u: Optional[float], planned_theta: Optional[float], *, 
     The uniform path wins when its measured throughput ``theta_u`` is at least the ragged
     plan's predicted ``planned_theta``.  Once it wins, the ragged budgets near that
     boundary stop being measured, so a thin, stale profile cell would keep deciding: when
-    the plan's ``(R, B = R + budget)`` cell has fewer than ``BOUNDARY_MIN_SAMPLES``
-    forgotten samples, the plan runs anyway on a ``BOUNDARY_CHECK_PROB`` share of those
-    steps, which measures exactly the comparison being made; and while uniform wins by
-    less than ``BOUNDARY_NEAR``, checks go on at a share that fades with the square of the
-    cell's samples (:func:`boundary_check_probability`), so the cell keeps filling, ever
-    more slowly, until its mean settles the tie.  One ``rng.random()`` draw, only when the
+    the plan's ``(R, B = R + budget)`` price stands on fewer than ``BOUNDARY_MIN_SAMPLES``
+    forgotten samples (its cell and the ``row_window`` cells on each side, which the row's
+    local fit there uses: ``model.window_weight``; the cell alone for a model without it),
+    the plan runs anyway on a ``BOUNDARY_CHECK_PROB`` share of those steps, which measures
+    exactly the comparison being made; and while uniform wins by less than
+    ``BOUNDARY_NEAR``, checks go on at a share that fades with the square of those
+    samples (:func:`boundary_check_probability`), so the cells keep filling, ever more
+    slowly, until their mean settles the tie.  (A plan's budget moves with the step's
+    confidences, so its exact cell at 16 or more requests stayed thin for a whole
+    benchmark and the re-checks never stopped.)  One ``rng.random()`` draw, only when the
     share is not zero (the benchmarks behind the rule: docs/worker.md, "Full-budget steps
     on the uniform path").
     Worker and simulator share this rule."""
@@ -124,7 +138,10 @@ def prefer_uniform(theta_u: Optional[float], planned_theta: Optional[float], *, 
     weights = getattr(model, "cell_weights", None)
     if weights is None or BOUNDARY_CHECK_PROB <= 0:
         return True, False
-    w = float(np.asarray(weights(int(num_req), np.asarray([int(num_req) + int(budget)])))[0])
+    window = getattr(model, "window_weight", None)
+    b = int(num_req) + int(budget)
+    w = (float(window(int(num_req), b)) if window is not None
+         else float(np.asarray(weights(int(num_req), np.asarray([b])))[0]))
     margin = float(theta_u) / float(planned_theta) - 1.0 if float(planned_theta) > 0 else math.inf
     p = boundary_check_probability(w, margin)
     if p <= 0.0 or rng.random() >= p:
@@ -132,24 +149,69 @@ def prefer_uniform(theta_u: Optional[float], planned_theta: Optional[float], *, 
     return False, True
 
 
-def explore_budget(model: Any, *, num_req: int, full: int, rng: Any) -> int:
+def ragged_prices(survival: Any, *, num_req: int, model: Any) -> Optional[np.ndarray]:
+    """Expected tokens/s of each ragged budget ``K = 0 .. full - 1`` by the profile: ``R``
+    plus the ``K`` likeliest drafts (what the lagged plan verifies at ``K``) over the
+    profile's ``t(R, R + K)``; None for a model that is not ready or keeps no windows."""
+    if getattr(model, "window_weight", None) is None or not getattr(model, "ready", False):
+        return None
+    s = clip01(survival)
+    full, r = int(s.size), int(num_req)
+    if full == 0:
+        return None
+    t = np.asarray(model.predict_step_time(np.full(full, r), r + np.arange(full)), dtype=np.float64)
+    tokens = r + np.concatenate(([0.0], np.cumsum(np.sort(s.ravel())[::-1])[:-1]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(t > 0, tokens / t, np.inf)
+
+
+def uniform_settled(theta_u: Optional[float], survival: Any, *, num_req: int, model: Any) -> bool:
+    """Exploring this row cannot change its decision: the uniform path's measured
+    ``theta_u`` beats the best ragged budget ``K < full`` the profile prices
+    (:func:`ragged_prices`) by the boundary rule's own verdict -- by ``BOUNDARY_NEAR`` or
+    more, on a price that stands on ``BOUNDARY_MIN_SAMPLES`` samples
+    (:func:`boundary_check_probability` is zero).  What :func:`explore_now`'s ``decided``
+    asks in the worker and the simulator."""
+    if theta_u is None or not theta_u > 0:
+        return False
+    prices = ragged_prices(survival, num_req=num_req, model=model)
+    if prices is None:
+        return False
+    k = int(np.argmax(prices))
+    if not (np.isfinite(prices[k]) and prices[k] > 0) or float(theta_u) < float(prices[k]):
+        return False
+    w = float(model.window_weight(int(num_req), int(num_req) + k))
+    return boundary_check_probability(w, float(theta_u) / float(prices[k]) - 1.0) <= 0.0
+
+
+def explore_budget(model: Any, *, num_req: int, full: int, rng: Any, survival: Any = None) -> int:
     """An exploration step's K in ``[0, full]``, from one ``rng.random()`` draw.
 
-    Half the exploration steps take the ragged budget (``K < full``) whose ``(R, B = R + K)``
-    profile cell has the fewest (forgotten) samples (ties split by the same draw), so
-    exploring fills the profile where it is blind: a curve region nobody measured is
-    extrapolated, e.g. into "drafts are too expensive", and nothing would correct it.  Not
-    ``K = full``: a full budget may run on SGLang's uniform path, which a ready profile does
-    not learn from (:func:`profile_takes_step`), so its cell can stay thin for good and
-    that half of exploration would teach nothing.  The other half take a uniform K in
-    ``[0, full]``, so the whole curve keeps being re-measured (after a drift every cell is
-    stale, not just thin).  Uniform always when the model keeps no cells."""
+    Half the exploration steps take a ragged budget (``K < full``) where the profile is
+    blind: given the step's ``survival``, the budget the profile prices highest
+    (:func:`ragged_prices`) among those whose price stands on fewer than
+    ``BOUNDARY_MIN_SAMPLES`` samples (``model.window_weight``), so exploring measures the
+    plans that could win first; otherwise, or once every price stands on data, the one
+    whose ``(R, B = R + K)`` cell has the fewest (forgotten) samples (ties split by the same
+    draw).  A curve region nobody measured is extrapolated, e.g. into "drafts are too
+    expensive", and nothing would correct it.  Not ``K = full``: a full budget may run on
+    SGLang's uniform path, which a ready profile does not learn from
+    (:func:`profile_takes_step`), so its cell can stay thin for good and that half of
+    exploration would teach nothing.  The other half take a uniform K in ``[0, full]``,
+    so the whole curve keeps being re-measured (after a drift every cell is stale, not
+    just thin).  Uniform always when the model keeps no cells."""
     full = max(int(full), 0)
     u = float(rng.random())
     weights = getattr(model, "cell_weights", None)
     if weights is None or full == 0 or u >= 0.5:
         v = (u - 0.5) * 2.0 if u >= 0.5 else u * 2.0
         return min(int(v * (full + 1)), full)
+    if survival is not None and int(np.size(survival)) == full:
+        prices = ragged_prices(survival, num_req=num_req, model=model)
+        if prices is not None:
+            thin = np.asarray(model.window_weight(int(num_req), int(num_req) + np.arange(full))) < BOUNDARY_MIN_SAMPLES
+            if thin.any():
+                return int(np.argmax(np.where(thin, prices, -np.inf)))
     w = np.asarray(weights(int(num_req), int(num_req) + np.arange(full)), dtype=np.float64)
     ties = np.flatnonzero(w <= w.min() + 1e-9)
     return int(ties[min(int(u * 2.0 * len(ties)), len(ties) - 1)])
