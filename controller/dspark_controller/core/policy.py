@@ -15,7 +15,7 @@ Call order per step (the worker and the simulator both follow it):
    :class:`Decision` or None (None: the caller's fallback decides: SGLang's table, or
    verify-all without one; :attr:`BudgetPolicy.warming_up` says why);
 2. the step runs; then ``observe_step(...)`` with what it realised (accepted and verified
-   draft tokens per request) and ``learn_step_time`` (:mod:`.planner`) with its time.
+   draft tokens per request) and ``learn_step_time`` (:mod:`.strategies`) with its time.
 
 Sources of K, in order (``last_source``): exploration (``explore``), a fresh controller
 decision (``controller``), the local online profile (``local``, or ``probe`` when the
@@ -28,16 +28,16 @@ Strategies, each with its constants in :class:`PolicyConfig` and an off switch:
   predictions were realised (:class:`SurvivalCalibrator`);
 * **exploration** -- on a fraction of steps that shrinks as the step's profile row is
   measured, a budget chosen to fill the row where a plan could still win
-  (:func:`.planner.explore_now`, :func:`.planner.explore_budget`); a row whose uniform
+  (:func:`.strategies.explore_now`, :func:`.strategies.explore_budget`); a row whose uniform
   path beats every ragged budget by the boundary rule's verdict explores only at the
-  settled rate (:func:`.planner.uniform_settled`);
+  settled rate (:func:`.strategies.uniform_settled`);
 * **uniform gate** -- verify every draft on SGLang's uniform path when its measured time
   gives more expected tokens per second than the best ragged budget
-  (:func:`.planner.prefer_uniform`, with boundary re-checks at near ties);
+  (:func:`.strategies.prefer_uniform`, with boundary re-checks at near ties);
 * **admission gain** -- that comparison scales each side's expected accepted drafts by
-  what such steps realised (:class:`.planner.AdmissionGain`);
+  what such steps realised (:class:`.strategies.AdmissionGain`);
 * **probes** -- a small share of the local ragged choices move by a fixed step, so the
-  profile's row learns its own slope around the choice (:func:`.planner.probe_budget`; a
+  profile's row learns its own slope around the choice (:func:`.strategies.probe_budget`; a
   full budget is not probed: the boundary re-checks measure the ragged plans near it);
 * **no-draft steps** -- each priced local plan votes on plain decoding against its own
   expected tokens/s, and a :class:`.no_draft.DraftGate` with hysteresis turns the votes
@@ -90,14 +90,14 @@ class PolicyConfig:
     """Every constant of the policy's strategies, and their off switches."""
 
     decision_max_age_s: float = 2.0     # older controller decisions are ignored
-    # exploration (planner.exploration_probability)
+    # exploration (strategies.exploration_probability)
     explore: bool = True
     explore_prob_young: float = 0.25    # random budget on this fraction of steps
     young_steps: int = 200              # ... while the model has seen fewer steps,
     explore_prob: float = 0.03          # then this fraction
     explore_prob_settled: float = 0.01  # ... or this on a row whose ragged cells are measured
     explore_until_steps: int = 5000     # ... until it has seen this many
-    # probes (planner.probe_budget)
+    # probes (strategies.probe_budget)
     probe: bool = True
     probe_prob: float = PROBE_PROB
     probe_step: float = PROBE_STEP
@@ -225,7 +225,7 @@ class BudgetPolicy:
     ``local_model``: this engine's online :class:`~.sps_model.SpsModel` (None: no local
     planning); ``latest_decision(max_age_s)``: the freshest controller decision or None;
     ``uniform_step_time(R)``: measured seconds of a full-budget step on the uniform path
-    (:class:`.planner.UniformTimes`); ``fleet_model()``: the controller's whole profile."""
+    (:class:`.strategies.UniformTimes`); ``fleet_model()``: the controller's whole profile."""
 
     def __init__(self, *, local_model: Any, config: PolicyConfig = PolicyConfig(),
                  latest_decision: Optional[Callable[[float], Any]] = None, enabled: bool = True,

@@ -61,8 +61,8 @@ def explore_now(config: Any, model: Any, *, steps: int, num_req: int, full: int,
     schedule branch can explore); the row's thinness is looked up only when the draw falls
     under the highest probability the schedule could give.  ``decided()`` (looked up only
     when the draw would explore above the settled rate): the row's question is answered
-    whatever its ragged cells hold (:func:`uniform_settled`), so
-    it explores at ``explore_prob_settled``, only to stay fresh.  Worker and simulator share it."""
+    whatever its ragged cells hold (:func:`uniform_settled`), so it explores at
+    ``explore_prob_settled``, only to stay fresh.  Worker and simulator share it."""
     # the highest probability any row could get at this age: one thin row of each kind
     p_hi = max(exploration_probability(config, steps, thin)
                for thin in (0.0, YOUNG_ROW_SAMPLES, SETTLED_ROW_SAMPLES))
