@@ -537,9 +537,11 @@ class SpsModel:
         return True
 
     # ------------------------------------------------------------------ fit
-    def _decayed_weights(self) -> np.ndarray:
-        age = (self.steps - self._last).astype(np.float64)
-        return self._w * np.power(self._lam, age)
+    def _decayed_weights(self, where: Any = Ellipsis) -> np.ndarray:
+        """Forgotten sample counts of the cells ``where`` selects (an index into ``_w``;
+        every cell by default)."""
+        age = (self.steps - self._last[where]).astype(np.float64)
+        return self._w[where] * np.power(self._lam, age)
 
     def refit(self) -> None:
         """Additive ridge fit on the cells, fill thin bins, detect jumps, smooth, make monotone."""
@@ -943,7 +945,7 @@ class SpsModel:
         rb = int(self._r_bin_np[min(max(int(num_requests), 0), self._r_top)])
         bb = self._b_bin_np[np.clip(np.asarray(batch_tokens, dtype=np.int64), 0, self._b_top - 1)]
         # decay only the cells asked for (the planner asks for one, or one row's budgets)
-        return self._w[rb, bb] * np.power(self._lam, (self.steps - self._last[rb, bb]).astype(np.float64))
+        return self._decayed_weights((rb, bb))
 
     def window_weight(self, num_requests: int, batch_tokens: Any) -> Any:
         """Effective (forgotten) samples of the ``(R, B)`` cell and of the ``row_window``
@@ -952,8 +954,7 @@ class SpsModel:
         rb = int(self._r_bin_np[min(max(int(num_requests), 0), self._r_top)])
         bb = self._b_bin_np[np.clip(np.asarray(batch_tokens, dtype=np.int64), 0, self._b_top - 1)]
         half = int(self.config.row_window)
-        row = self._w[rb] * np.power(self._lam, (self.steps - self._last[rb]).astype(np.float64))
-        c = np.concatenate(([0.0], np.cumsum(row)))
+        c = np.concatenate(([0.0], np.cumsum(self._decayed_weights(rb))))
         out = c[np.minimum(bb + half + 1, self.n_b)] - c[np.maximum(bb - half, 0)]
         return float(out) if np.ndim(out) == 0 else out
 

@@ -122,7 +122,7 @@ def prefer_uniform(theta_u: Optional[float], planned_theta: Optional[float], *, 
     boundary stop being measured, so a thin, stale profile cell would keep deciding: when
     the plan's ``(R, B = R + budget)`` price stands on fewer than ``BOUNDARY_MIN_SAMPLES``
     forgotten samples (its cell and the ``row_window`` cells on each side, which the row's
-    local fit there uses: ``model.window_weight``; the cell alone for a model without it),
+    local fit there uses: ``model.window_weight``; a model without it never re-checks),
     the plan runs anyway on a ``BOUNDARY_CHECK_PROB`` share of those steps, which measures
     exactly the comparison being made; and while uniform wins by less than
     ``BOUNDARY_NEAR``, checks go on at a share that fades with the square of those
@@ -135,13 +135,10 @@ def prefer_uniform(theta_u: Optional[float], planned_theta: Optional[float], *, 
     Worker and simulator share this rule."""
     if theta_u is None or planned_theta is None or theta_u < float(planned_theta):
         return False, False
-    weights = getattr(model, "cell_weights", None)
-    if weights is None or BOUNDARY_CHECK_PROB <= 0:
-        return True, False
     window = getattr(model, "window_weight", None)
-    b = int(num_req) + int(budget)
-    w = (float(window(int(num_req), b)) if window is not None
-         else float(np.asarray(weights(int(num_req), np.asarray([b])))[0]))
+    if window is None or BOUNDARY_CHECK_PROB <= 0:
+        return True, False
+    w = float(window(int(num_req), int(num_req) + int(budget)))
     margin = float(theta_u) / float(planned_theta) - 1.0 if float(planned_theta) > 0 else math.inf
     p = boundary_check_probability(w, margin)
     if p <= 0.0 or rng.random() >= p:
@@ -152,8 +149,8 @@ def prefer_uniform(theta_u: Optional[float], planned_theta: Optional[float], *, 
 def ragged_prices(survival: Any, *, num_req: int, model: Any) -> Optional[np.ndarray]:
     """Expected tokens/s of each ragged budget ``K = 0 .. full - 1`` by the profile: ``R``
     plus the ``K`` likeliest drafts (what the lagged plan verifies at ``K``) over the
-    profile's ``t(R, R + K)``; None for a model that is not ready or keeps no windows."""
-    if getattr(model, "window_weight", None) is None or not getattr(model, "ready", False):
+    profile's ``t(R, R + K)``; None for a model that is not ready."""
+    if not getattr(model, "ready", False):
         return None
     s = clip01(survival)
     full, r = int(s.size), int(num_req)
@@ -172,7 +169,7 @@ def uniform_settled(theta_u: Optional[float], survival: Any, *, num_req: int, mo
     more, on a price that stands on ``BOUNDARY_MIN_SAMPLES`` samples
     (:func:`boundary_check_probability` is zero).  What :func:`explore_now`'s ``decided``
     asks in the worker and the simulator."""
-    if theta_u is None or not theta_u > 0:
+    if theta_u is None or not theta_u > 0 or getattr(model, "window_weight", None) is None:
         return False
     prices = ragged_prices(survival, num_req=num_req, model=model)
     if prices is None:
@@ -206,10 +203,11 @@ def explore_budget(model: Any, *, num_req: int, full: int, rng: Any, survival: A
     if weights is None or full == 0 or u >= 0.5:
         v = (u - 0.5) * 2.0 if u >= 0.5 else u * 2.0
         return min(int(v * (full + 1)), full)
-    if survival is not None and int(np.size(survival)) == full:
+    window = getattr(model, "window_weight", None)
+    if survival is not None and int(np.size(survival)) == full and window is not None:
         prices = ragged_prices(survival, num_req=num_req, model=model)
         if prices is not None:
-            thin = np.asarray(model.window_weight(int(num_req), int(num_req) + np.arange(full))) < BOUNDARY_MIN_SAMPLES
+            thin = np.asarray(window(int(num_req), int(num_req) + np.arange(full))) < BOUNDARY_MIN_SAMPLES
             if thin.any():
                 return int(np.argmax(np.where(thin, prices, -np.inf)))
     w = np.asarray(weights(int(num_req), int(num_req) + np.arange(full)), dtype=np.float64)
