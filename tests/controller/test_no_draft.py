@@ -355,29 +355,42 @@ def test_drafting_comes_back_only_as_far_as_drafted_steps_at_that_load_realised(
     assert not pol.gate.off and pol.realised_rate(r) > pol.off_throughput(r), (steps, pol.realised_rate(r))
 
 
-def test_an_off_vote_on_a_time_not_measured_at_that_load_measures_it_first():
-    # no-draft steps measured at 1 request only; at 4 requests their time is read from that
-    # ratio (here 4x too fast: off looks far better than drafting). The plan's vote for off
-    # is no vote: the next steps at 4 run without drafts until 8 samples measure the real
-    # time, which loses to drafting, and drafting stays on
+def _borrowed_off_time_run(real_off_s: float, steps: int):
+    """A policy whose no-draft time is measured at 1 request only, 4x too fast for 4
+    requests, run ``steps`` steps at 4 requests whose no-draft steps take ``real_off_s``:
+    (the policy, the kind of each step)."""
     m = _model()
     pol = BudgetPolicy(local_model=m, config=_QUIET)
     for _ in range(pol.off_times.MIN_SAMPLES):
         pol.observe_off_step(1, 0.25 * float(m.predict_step_time(1, 1)))
-    real_off_s = 0.05                                  # 80 tokens/s at 4 requests
     assert pol.off_throughput(4) > 300 and not pol.off_times.measured(4)
     kinds = []
-    for _ in range(40):
+    for _ in range(steps):
         if pol.draft_step(4):
             kinds.append("drafted")
             _drafted_step(pol, _rows(4, 0.5))
         else:
             kinds.append(pol.last_draft_reason)
             pol.observe_off_step(4, real_off_s)
-        assert not pol.gate.off
+    return pol, kinds
+
+
+def test_an_off_vote_on_a_time_not_measured_at_that_load_measures_it_first():
+    # at 4 requests the no-draft time is read from 1 request's ratio (4x too fast: off looks
+    # far better than drafting). The plan's vote for off is no vote: the next steps at 4 run
+    # without drafts; here their real time (80 tokens/s) loses to drafting, which the first
+    # EARLY_SAMPLES of them already say, so the measurement stops there and drafting stays on
+    pol, kinds = _borrowed_off_time_run(0.05, 40)
     assert kinds[0] == "drafted"                      # the plan that wanted the measurement
-    assert kinds.count("probe") == pol.off_times.MIN_SAMPLES, kinds
-    assert kinds[-1] == "drafted" and pol.off_times.measured(4) and pol.gate.switches["off"] == 0
+    assert kinds.count("probe") == pol.off_times.EARLY_SAMPLES < pol.off_times.MIN_SAMPLES, kinds
+    assert kinds[-1] == "drafted" and not pol.off_times.measured(4)
+    assert pol.gate.switches["off"] == 0 and not pol._off_wanted
+    # where the real time still beats drafting, the measurement goes on to MIN_SAMPLES and
+    # the votes after it switch drafting off
+    pol, kinds = _borrowed_off_time_run(0.01, 40)        # 400 tokens/s: off wins
+    first = kinds.index("probe")
+    assert kinds[first:first + pol.off_times.MIN_SAMPLES] == ["probe"] * pol.off_times.MIN_SAMPLES, kinds
+    assert pol.off_times.measured(4) and pol.gate.switches["off"] == 1, kinds
 
 
 def test_step_gaps_keep_a_robust_median_per_kind_and_r_with_nearest_fallbacks():
@@ -584,7 +597,8 @@ def test_a_zero_budget_plan_stands_for_a_no_draft_step_against_the_uniform_path(
     assert outcomes[False][0] and outcomes[False][1]["off"] > 150, outcomes   # off on the profile's guess
     off, kinds, switches = outcomes[True]
     # the first plan (no no-draft time measured yet) casts no vote: off steps measure it (8
-    # samples), then every plan takes the uniform path: 16 x 4 tokens in 0.45 s against 16
-    # in 0.14 s, and drafting never switches off
+    # samples: a zero budget votes by rule, so no early stop), then every plan takes the
+    # uniform path: 16 x 4 tokens in 0.45 s against 16 in 0.14 s, and drafting never
+    # switches off
     assert not off and switches == 0 and kinds["uniform"] > 180 and kinds["zero"] == 1, outcomes
-    assert outcomes[True][1]["off"] >= OffTimes.MIN_SAMPLES
+    assert outcomes[True][1]["off"] >= OffTimes.MIN_SAMPLES, outcomes

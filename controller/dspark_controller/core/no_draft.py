@@ -108,10 +108,11 @@ class OffTimes(UniformTimes):
     the machine: on the ``deep`` pair a ratio from the warm-up read a 4-request no-draft
     step as 193 ms where it took about 60) and reads as unmeasured, so the policy's off
     probes measure it again.  An ``R`` counts as measured (:meth:`measured`) from
-    ``MIN_SAMPLES`` fresh samples on."""
+    ``MIN_SAMPLES`` fresh samples on; :meth:`fresh_samples` counts them before that."""
 
     STALE_GROWTH = 4
     MIN_SAMPLES = 8
+    EARLY_SAMPLES = 2      # a measurement a vote wanted may stop here (BudgetPolicy.draft_step)
 
     def __init__(self, model=None) -> None:
         super().__init__(model)
@@ -151,11 +152,15 @@ class OffTimes(UniformTimes):
             return True
         return self._model_steps() < self.STALE_GROWTH * max(self._steps_at.get(r, 0), 1)
 
+    def fresh_samples(self, num_req: int) -> int:
+        """Samples in ``num_req``'s own no-draft time (0 when it has none, or a stale one)."""
+        r = int(num_req)
+        return self.samples.get(r, 0) if self._fresh(r) else 0
+
     def measured(self, num_req: int) -> bool:
         """Whether ``num_req`` has a no-draft time of its own from ``MIN_SAMPLES`` samples
         or more (not read from a neighbour's ratio, not stale)."""
-        r = int(num_req)
-        return self._fresh(r) and self.samples.get(r, 0) >= self.MIN_SAMPLES
+        return self.fresh_samples(num_req) >= self.MIN_SAMPLES
 
     def get(self, num_req: int) -> Optional[float]:
         r = int(num_req)

@@ -44,7 +44,8 @@ Strategies, each with its constants in :class:`PolicyConfig` and an off switch:
   into drafting or not; off steps are also run on a small share of steps to measure
   their time where it is unknown (``off_probe_prob_unknown``) or known (``off_probe_prob``),
   and on every step at a load where a plan found off better on a time not measured there,
-  until it is (a vote for off counts only on a measured time).
+  until it is, or until a couple of them already say drafting wins (a vote for off counts
+  only on a measured time).
   Drafting is priced by the plan times what such steps realised over what they predicted
   (time-weighted, as the no-draft steps' mean time prices off); coming back on, it is
   priced at most at what drafted steps at that load realised, and no vote for off is
@@ -263,7 +264,8 @@ class BudgetPolicy:
         self.gate: Optional[DraftGate] = DraftGate(config.gate) if config.no_draft and enabled else None
         self.off_times = OffTimes(local_model)
         self.off_probes = 0
-        self._off_wanted: set[int] = set()   # R whose no-draft time a vote wants measured first
+        # R -> the drafted price of the vote that wants R's no-draft time measured first
+        self._off_wanted: dict[int, Optional[float]] = {}
         self._known_row: Optional[np.ndarray] = None
         self.operator_pin: Optional[bool] = None   # True: always draft, False: never (None: the policy)
         # what the local plans' drafted steps realised against what they predicted, per R and
@@ -300,8 +302,8 @@ class BudgetPolicy:
             reason = "redraft" if gate.last_kind == "redraft" else "gate"
         if drafting and not gate.off and gate.pinned is None and self.local_model is not None:
             wanted = num_req in self._off_wanted
-            if wanted and self.off_times.measured(num_req):
-                self._off_wanted.discard(num_req)
+            if wanted and self._off_measured_enough(num_req, self._off_wanted[num_req]):
+                del self._off_wanted[num_req]
                 wanted = False
             known = self.off_times.get(num_req) is not None
             p = 1.0 if wanted else (self.config.off_probe_prob if known else self.config.off_probe_prob_unknown)
@@ -311,6 +313,22 @@ class BudgetPolicy:
                 drafting, reason = False, "probe"
         self.last_draft_reason = reason
         return drafting
+
+    def _off_measured_enough(self, num_req: int, theta_on: Optional[float]) -> bool:
+        """The no-draft time a vote for off wanted measured at ``num_req`` (:meth:`_vote`)
+        needs no more off steps: it is measured (``OffTimes.MIN_SAMPLES``), or from
+        ``OffTimes.EARLY_SAMPLES`` samples on, this load's own time already prices plain
+        decoding below the voting plan's ``theta_on`` (None: a zero-budget plan, which votes
+        by rule) by the gate's ``on_margin`` (the margin by which drafting comes back on):
+        the vote stood on a time read from another load, and the next drafted steps vote
+        again on this one."""
+        times = self.off_times
+        if times.measured(num_req):
+            return True
+        if theta_on is None or self.gate is None or times.fresh_samples(num_req) < times.EARLY_SAMPLES:
+            return False
+        off = self.off_throughput(num_req)
+        return off is not None and float(theta_on) > float(off) * (1.0 + self.gate.config.on_margin)
 
     def off_throughput(self, num_req: int) -> Optional[float]:
         """Expected tokens/s of no-draft steps at ``num_req``, per period (step plus the
@@ -455,8 +473,8 @@ class BudgetPolicy:
         only against a no-draft time measured at this R (:meth:`OffTimes.measured`).  While
         drafting, a verdict for off on a time not measured at this R (read from another R,
         or from fewer samples), a zero budget's included, is no vote: the next steps at this R
-        run without drafts until it is measured (:meth:`draft_step`), and the steps after them
-        vote on it."""
+        run without drafts until it is measured, or until their own time already says this
+        plan wins (:meth:`_off_measured_enough`), and the steps after them vote on it."""
         gate = self.gate
         if gate is None:
             return
@@ -467,7 +485,9 @@ class BudgetPolicy:
                 theta_off = None      # back on only against a no-draft time measured at this R
         elif (not gate.off and gate.pinned is None and not self.off_times.measured(num_req)
               and off_wins(theta_on, theta_off, best_budget=int(d.budget), margin=gate.config.off_margin)):
-            self._off_wanted.add(int(num_req))      # off only on a time measured here: probe it first
+            # off only on a time measured here: probe it first (a zero budget votes by rule,
+            # not by its price, so its measurement runs to the end)
+            self._off_wanted[int(num_req)] = theta_on if int(d.budget) > 0 else None
             gate.abstain()
             return
         gate.vote(theta_on=theta_on, theta_off=theta_off, best_budget=int(d.budget), num_req=num_req)
