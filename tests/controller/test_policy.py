@@ -209,7 +209,7 @@ def test_policy_explores_under_a_learned_controller_curve_but_not_under_a_pinned
     for b in range(4, 21):
         model.update(4, b, 0.01 + 0.001 * b)
     surv = _rows([[0.9, 0.8, 0.7, 0.6]] * 4)
-    cfg = _old(explore_prob_young=1.0, young_steps=10 ** 9)     # every step explores, if allowed
+    cfg = _old(explore_prob_young=1.0, explore_prob=1.0, young_steps=10 ** 9)   # every step explores, if allowed
     for mode, explores in (("throughput", True), ("off", False), ("fixed", False)):
         d = SimpleNamespace(policy=SimpleNamespace(mode=mode, floor_tok_s=None), explore_prob=0.0,
                             verify_all=(mode == "off"), budget_frac=0.5, max_budget_tokens=None,
@@ -247,9 +247,8 @@ def test_policy_takes_the_uniform_path_when_its_measured_step_is_cheaper():
 
 def test_uniform_steps_count_for_the_exploration_schedule():
     model = SpsModel()
-    for b in range(1, 6):                          # one sample per cell of the one-request row
-        model.update(1, b, 0.02 + 0.01 * (b - 1))
-    for b in range(8, 40, 2):                      # ready (16 more samples, elsewhere)
+    model.update(1, 1, 0.02)                       # one sample in the one-request row
+    for b in range(8, 48, 2):                      # ready (20 more samples, elsewhere)
         model.update(8, b, 0.05 + 0.001 * b)
     cfg = _old(explore_prob_young=1.0, young_steps=100, explore_prob=0.0, explore_prob_settled=0.0)
     pol = BudgetPolicy(local_model=model, config=cfg)
@@ -496,6 +495,31 @@ def test_exploration_schedule_follows_the_rows_thinness():
     assert exploration_probability(cfg, 1000, thin=0.0) == 0.03           # old, thin row
     assert exploration_probability(cfg, 1000, thin=4.0) == 0.01           # old, settled row
     assert exploration_probability(cfg, 10 ** 6, thin=0.0) == 0.0         # past explore_until_steps
+    # the young test asks the budgets' fit windows when known: thin cells, filled windows
+    assert exploration_probability(cfg, 10, thin=1.0, window_thin=5.0) == 0.03
+    assert exploration_probability(cfg, 10, thin=1.0, window_thin=1.0) == 0.25
+
+
+def test_a_large_row_leaves_the_young_phase_once_each_budgets_window_is_measured():
+    # 4 requests, gamma 4: 16 ragged budgets, each cell measured once (a young row by its
+    # cells, two samples each would take 32 steps there); every budget's fit window (the
+    # cell and 3 on each side) holds 4 or more samples, so the row explores at
+    # explore_prob, not explore_prob_young
+    from dspark_controller.core.strategies import explore_now, row_thinness, row_window_thinness
+
+    model = SpsModel()
+    for b in range(4, 20):
+        model.update(4, b, 0.01 + 0.001 * b)
+    assert row_thinness(model, num_req=4, full=16) < 2.0 <= row_window_thinness(model, num_req=4, full=16)
+    cfg = PolicyConfig()
+    assert explore_now(cfg, model, steps=10, num_req=4, full=16, rng=_Draws(0.1)) is False   # 0.1 > 0.03
+    assert explore_now(cfg, model, steps=10, num_req=4, full=16, rng=_Draws(0.02)) is True
+    # one sample only in the row: its other budgets' windows are empty, the row is young
+    young = SpsModel()
+    young.update(4, 4, 0.014)
+    assert row_window_thinness(young, num_req=4, full=16) == 0.0
+    assert explore_now(cfg, young, steps=10, num_req=4, full=16, rng=_Draws(0.1)) is True
+    assert row_window_thinness(object(), num_req=4, full=16) is None
 
 
 def test_row_thinness_counts_the_ragged_cells_only():
@@ -557,6 +581,10 @@ def test_a_settled_row_explores_at_the_settled_rate():
         thin.update(1, b, 0.030 + 0.001 * (b - 1))
     thin.update(1, 1, 0.030)
     assert not uniform_settled(best * 2, surv, num_req=1, model=thin)    # its price stands on 5 samples
+    young = SpsModel(config=SpsModelConfig(min_ready_samples=5))
+    young.update(1, 1, 0.030)                      # one sample in the row: young
+    for b in range(8, 12):
+        young.update(8, b, 0.05)
     cfg = PolicyConfig()
     calls = []
 
@@ -564,12 +592,12 @@ def test_a_settled_row_explores_at_the_settled_rate():
         calls.append(1)
         return True
     # young and thin: 0.25; a draw above the settled rate (0.01) is declined on a decided row
-    assert explore_now(cfg, thin, steps=0, num_req=1, full=4, rng=_Draws(0.1), decided=decided) is False
+    assert explore_now(cfg, young, steps=0, num_req=1, full=4, rng=_Draws(0.1), decided=decided) is False
     assert len(calls) == 1
-    assert explore_now(cfg, thin, steps=0, num_req=1, full=4, rng=_Draws(0.005), decided=decided) is True
-    assert explore_now(cfg, thin, steps=0, num_req=1, full=4, rng=_Draws(0.5), decided=decided) is False
+    assert explore_now(cfg, young, steps=0, num_req=1, full=4, rng=_Draws(0.005), decided=decided) is True
+    assert explore_now(cfg, young, steps=0, num_req=1, full=4, rng=_Draws(0.5), decided=decided) is False
     assert len(calls) == 1                         # not asked below the settled rate or above the row's
-    assert explore_now(cfg, thin, steps=0, num_req=1, full=4, rng=_Draws(0.1), decided=lambda: False) is True
+    assert explore_now(cfg, young, steps=0, num_req=1, full=4, rng=_Draws(0.1), decided=lambda: False) is True
     # the policy: a settled row explores ~explore_prob_settled of its steps
     cfg = _old(probe=False, explore_prob=0.2)
     fast = {1: (1 + surv.sum()) / (best * (1 + 2 * BOUNDARY_NEAR))}

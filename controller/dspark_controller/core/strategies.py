@@ -20,23 +20,30 @@ import numpy as np
 from dspark_controller.core.method import SpsFn, clip01, fraction_budget
 
 
-YOUNG_ROW_SAMPLES = 2.0         # young exploration ends for a row once its ragged cells have this many
+YOUNG_ROW_SAMPLES = 2.0         # young exploration ends for a row once each budget's fit window has this many
 SETTLED_ROW_SAMPLES = 4.0       # ... and a row whose ragged cells all have this many is settled
 
 
-def exploration_probability(config: Any, steps: int, thin: Optional[float] = None) -> float:
+def exploration_probability(config: Any, steps: int, thin: Optional[float] = None,
+                            window_thin: Optional[float] = None) -> float:
     """The local model's exploration schedule at one step.
 
     ``steps``: what the model has seen; ``thin``: the fewest (forgotten) samples among the
     ragged profile cells of this step's row, ``(R, R + K)`` for ``K < full``
-    (:func:`row_thinness`; None: unknown, the schedule by steps alone).  While young
-    (``steps < young_steps``) a row still missing a couple of samples in a cell explores at
-    ``explore_prob_young``; then ``explore_prob`` until ``explore_until_steps``, except on a
-    settled row (every ragged cell measured a few times), which explores at
-    ``explore_prob_settled``: each exploration step costs throughput (at one request a step
-    with a random budget loses ~a third of its tokens), and a measured row only needs to be
-    kept fresh."""
-    if steps < config.young_steps and (thin is None or thin < YOUNG_ROW_SAMPLES):
+    (:func:`row_thinness`); ``window_thin``: the fewest among those cells' fit windows,
+    each cell with the ``row_window`` cells on each side (:func:`row_window_thinness`;
+    None: ``thin`` stands for it); None for both: unknown, the schedule by steps alone.
+    While young (``steps < young_steps``) a row some of whose budgets' fit windows still
+    miss a couple of samples explores at ``explore_prob_young``; then ``explore_prob``
+    until ``explore_until_steps``, except on a settled row (every ragged cell measured a
+    few times), which explores at ``explore_prob_settled``: each exploration step costs
+    throughput (at one request a step with a random budget loses ~a third of its tokens),
+    and a measured row only needs to be kept fresh.  The young test asks for windows, not
+    cells: a row has ``R * gamma`` budgets (72 cells at 32 requests, gamma 4), and two
+    samples in each kept every row above a few requests young for the whole young phase,
+    where the row's fit at each budget stands on its window."""
+    young_thin = thin if window_thin is None else window_thin
+    if steps < config.young_steps and (young_thin is None or young_thin < YOUNG_ROW_SAMPLES):
         return float(config.explore_prob_young)
     if steps >= config.explore_until_steps:
         return 0.0
@@ -55,6 +62,16 @@ def row_thinness(model: Any, *, num_req: int, full: int) -> Optional[float]:
     return float(np.min(weights(int(num_req), int(num_req) + np.arange(int(full)))))
 
 
+def row_window_thinness(model: Any, *, num_req: int, full: int) -> Optional[float]:
+    """The fewest forgotten samples among the fit windows (``model.window_weight``: a cell
+    and the ``row_window`` cells on each side) of the ragged budgets ``K = 0 .. full - 1``
+    at ``num_req`` requests; None when the model keeps no windows."""
+    window = getattr(model, "window_weight", None)
+    if window is None or int(full) <= 0:
+        return None
+    return float(np.min(window(int(num_req), int(num_req) + np.arange(int(full)))))
+
+
 def explore_now(config: Any, model: Any, *, steps: int, num_req: int, full: int, rng: Any,
                 decided: Optional[Callable[[], bool]] = None) -> bool:
     """Whether this step explores, from at most one ``rng.random()`` draw (none when no
@@ -71,7 +88,10 @@ def explore_now(config: Any, model: Any, *, steps: int, num_req: int, full: int,
     u = float(rng.random())
     if u >= p_hi:
         return False
-    p = exploration_probability(config, steps, row_thinness(model, num_req=num_req, full=full))
+    thin = row_thinness(model, num_req=num_req, full=full)
+    window_thin = (row_window_thinness(model, num_req=num_req, full=full)
+                   if steps < config.young_steps and thin is not None and thin < YOUNG_ROW_SAMPLES else None)
+    p = exploration_probability(config, steps, thin, window_thin)
     if u >= p:
         return False
     settled = min(float(config.explore_prob_settled), p)
