@@ -302,7 +302,8 @@ def test_one_confident_redraft_step_does_not_switch_drafting_back_on():
 def test_drafting_comes_back_only_against_a_no_draft_time_measured_at_that_load():
     # off at 4 requests; the load drops to 2, where no no-draft step ran: the re-draft burst
     # finds drafting far better than the no-draft time read from 4 requests' ratio, but
-    # waits for an off step at 2 to measure it before switching drafting back on
+    # waits for off steps at 2 (EARLY_SAMPLES) to measure it before switching drafting back
+    # on
     pol = _switched_off(BudgetPolicy(local_model=_model(), config=_QUIET), _rows(4, 0.5), 0.0105)
     assert not pol.off_times.measured(2) and pol.off_throughput(2) is not None    # a neighbour's
     burst = []
@@ -310,11 +311,11 @@ def test_drafting_comes_back_only_against_a_no_draft_time_measured_at_that_load(
         _drafted_step(pol, _rows(2, 0.99))
         burst.append(pol.gate.off)
     assert burst == [True, True, True]
-    for _ in range(pol.off_times.MIN_SAMPLES - 1):     # a few off steps are not a measurement yet
+    for _ in range(pol.off_times.EARLY_SAMPLES - 1):   # one off step is not a measurement yet
         pol.observe_off_step(2, 0.0105)
-    assert not pol.off_times.measured(2) and pol.gate.off
-    pol.observe_off_step(2, 0.0105)
-    assert pol.off_times.measured(2) and not pol.gate.off
+    assert not pol.off_times.measured_here(2) and pol.gate.off
+    pol.observe_off_step(2, 0.0105)     # two are, for a clear win (not yet for a vote for off)
+    assert pol.off_times.measured_here(2) and not pol.off_times.measured(2) and not pol.gate.off
 
 
 def test_drafting_comes_back_only_as_far_as_drafted_steps_at_that_load_realised():

@@ -19,9 +19,9 @@ choice never flaps (the failure of a batch-size-keyed switch, vLLM #49548):
 * off -> on when the drafted plan, priced on what the policy last knew of the drafts
   (their survival over the last drafted steps, averaged: a re-draft step's own
   confidences count as one more sample), wins by ``on_margin``, after ``min_dwell``,
-  against a no-draft time measured at this load (``OffTimes.MIN_SAMPLES`` off steps or
-  more), not one read from a neighbouring load (the off steps after a re-draft burst
-  measure it);
+  against a no-draft time measured at this load (``OffTimes.EARLY_SAMPLES`` off steps or
+  more: a clear win needs no more; a vote for off needs ``OffTimes.MIN_SAMPLES``), not
+  one read from a neighbouring load (the off steps after a re-draft burst measure it);
 * the dwell is waived once the load has left the band ``[load_drop, 1 / load_drop]``
   times the load at the last switch: that switch was decided for another load;
 * while off, a *re-draft* burst of ``redraft_len`` drafted steps after ``redraft_every``
@@ -112,7 +112,7 @@ class OffTimes(UniformTimes):
 
     STALE_GROWTH = 4
     MIN_SAMPLES = 8
-    EARLY_SAMPLES = 2      # a measurement a vote wanted may stop here (BudgetPolicy.draft_step)
+    EARLY_SAMPLES = 2      # a measurement that already answers may stop here; drafting may come back on
 
     def __init__(self, model=None) -> None:
         super().__init__(model)
@@ -156,6 +156,12 @@ class OffTimes(UniformTimes):
         """Samples in ``num_req``'s own no-draft time (0 when it has none, or a stale one)."""
         r = int(num_req)
         return self.samples.get(r, 0) if self._fresh(r) else 0
+
+    def measured_here(self, num_req: int) -> bool:
+        """Whether ``num_req`` has a no-draft time of its own from ``EARLY_SAMPLES`` samples or
+        more: enough for drafting to come back on against it (the gate's ``on_margin`` asks
+        drafting to win clearly), not to vote drafting off (:meth:`measured`)."""
+        return self.fresh_samples(num_req) >= self.EARLY_SAMPLES
 
     def measured(self, num_req: int) -> bool:
         """Whether ``num_req`` has a no-draft time of its own from ``MIN_SAMPLES`` samples

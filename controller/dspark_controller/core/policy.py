@@ -344,15 +344,15 @@ class BudgetPolicy:
         self.step_gaps.observe(num_req, drafted, gap_s)
 
     def observe_off_step(self, num_req: int, step_s: float) -> None:
-        """A no-draft step's measured seconds: its time per R, then, once that time is
-        measured (:meth:`OffTimes.measured`), the gate's check whether drafting, priced on
-        the last known survival, pays again."""
+        """A no-draft step's measured seconds: its time per R, then, once this R has a time
+        of its own (:meth:`OffTimes.measured_here`), the gate's check whether drafting,
+        priced on the last known survival, pays again."""
         if not step_s > 0 or num_req <= 0:
             return
         self.off_times.observe_off(num_req, step_s)
         gate = self.gate
         if (gate is not None and gate.off and gate.pinned is None and gate.may_switch(num_req)
-                and self.off_times.measured(num_req)):
+                and self.off_times.measured_here(num_req)):
             gate.vote_back(self.known_theta(num_req), self.off_throughput(num_req), num_req)
 
     def drafting_known_to_lose(self, num_req: int) -> bool:
@@ -470,7 +470,7 @@ class BudgetPolicy:
         """A local plan's verdict on plain decoding (priced by what such steps realised).
         While drafting is off (a re-draft step) the verdict on coming back is priced like the
         off steps' (:meth:`known_theta`, the smoothed survival), not on this one step's, and
-        only against a no-draft time measured at this R (:meth:`OffTimes.measured`).  While
+        only against a no-draft time measured at this R (:meth:`OffTimes.measured_here`).  While
         drafting, a verdict for off on a time not measured at this R (read from another R,
         or from fewer samples), a zero budget's included, is no vote: the next steps at this R
         run without drafts until it is measured, or until their own time already says this
@@ -481,7 +481,7 @@ class BudgetPolicy:
         theta_on, theta_off = prices
         if gate.off and gate.pinned is None and int(d.budget) > 0:
             theta_on = self.known_theta(num_req)
-            if not self.off_times.measured(num_req):
+            if not self.off_times.measured_here(num_req):
                 theta_off = None      # back on only against a no-draft time measured at this R
         elif (not gate.off and gate.pinned is None and not self.off_times.measured(num_req)
               and off_wins(theta_on, theta_off, best_budget=int(d.budget), margin=gate.config.off_margin)):
