@@ -39,9 +39,8 @@ def exploration_probability(config: Any, steps: int, thin: Optional[float] = Non
     few times), which explores at ``explore_prob_settled``: each exploration step costs
     throughput (at one request a step with a random budget loses ~a third of its tokens),
     and a measured row only needs to be kept fresh.  The young test asks for windows, not
-    cells: a row has ``R * gamma`` budgets (72 cells at 32 requests, gamma 4), and two
-    samples in each kept every row above a few requests young for the whole young phase,
-    where the row's fit at each budget stands on its window."""
+    cells: a row has ``R * gamma`` budgets, and the row's fit at each budget stands on its
+    window (docs/worker.md has the benchmark behind the rule)."""
     young_thin = thin if window_thin is None else window_thin
     if steps < config.young_steps and (young_thin is None or young_thin < YOUNG_ROW_SAMPLES):
         return float(config.explore_prob_young)
