@@ -342,8 +342,13 @@ class DraftGate:
         no-draft throughput by ``on_margin``."""
         if not self.off or theta_on is None or theta_off is None:
             return
-        if float(theta_on) > float(theta_off) * (1.0 + self.config.on_margin) and self.may_switch(num_req):
+        if self.drafting_wins(theta_on, theta_off) and self.may_switch(num_req):
             self._switch(False, num_req)
+
+    def drafting_wins(self, theta_on: float, theta_off: float) -> bool:
+        """Drafting's tokens/s ``theta_on`` beats the no-draft ``theta_off`` by ``on_margin``:
+        the verdict that brings drafting back on."""
+        return float(theta_on) > float(theta_off) * (1.0 + self.config.on_margin)
 
     def _switch(self, off: bool, num_req: int) -> None:
         self.off = bool(off)

@@ -322,13 +322,12 @@ class BudgetPolicy:
         by rule) by the gate's ``on_margin`` (the margin by which drafting comes back on):
         the vote stood on a time read from another load, and the next drafted steps vote
         again on this one."""
-        times = self.off_times
-        if times.measured(num_req):
+        if self.off_times.measured(num_req):
             return True
-        if theta_on is None or self.gate is None or times.fresh_samples(num_req) < times.EARLY_SAMPLES:
+        if theta_on is None or self.gate is None or not self.off_times.measured_here(num_req):
             return False
         off = self.off_throughput(num_req)
-        return off is not None and float(theta_on) > float(off) * (1.0 + self.gate.config.on_margin)
+        return off is not None and self.gate.drafting_wins(theta_on, off)
 
     def off_throughput(self, num_req: int) -> Optional[float]:
         """Expected tokens/s of no-draft steps at ``num_req``, per period (step plus the
