@@ -66,7 +66,6 @@ import json
 import math
 import os
 import platform
-import signal
 import subprocess
 import sys
 import tempfile
@@ -296,27 +295,6 @@ def pin_fraction(srv: SGLangServer, f: float | None) -> None:
         raise SystemExit(f"server refused /set_internal_state {args} (see {srv.log_path})")
 
 
-class Suspended:
-    """All servers stay up for the whole run, but only the one being measured runs: the
-    others are stopped with SIGSTOP (an idle SGLang scheduler polls and would take a core)
-    and continued with SIGCONT for their chunk.  So every configuration is measured in
-    short chunks interleaved with the others, and the machine's slow drift hits all alike."""
-
-    def __init__(self, srv: SGLangServer) -> None:
-        self.srv = srv
-
-    def _signal(self, sig) -> None:
-        if self.srv.proc is not None and self.srv.proc.poll() is None:
-            os.killpg(self.srv.proc.pid, sig)
-
-    def __enter__(self) -> SGLangServer:
-        self._signal(signal.SIGCONT)
-        return self.srv
-
-    def __exit__(self, *exc) -> None:
-        self._signal(signal.SIGSTOP)
-
-
 def start_controller(work: Path) -> tuple[subprocess.Popen, str]:
     """Our controller process (no persistence, sockets under ``work``) and its address."""
     addr = f"tcp://127.0.0.1:{free_port()}"
@@ -469,8 +447,8 @@ def main(argv=None) -> int:
             srv.start()
             if name == "online_off" and not srv.set_internal_state({"dspark_draft": 0}):
                 raise SystemExit(f"server refused to pin drafting off (see {srv.log_path})")
-            servers[name] = Suspended(srv)
-            with servers[name] as s:   # warm alone (the others are stopped), as in production
+            servers[name] = srv
+            with srv.running() as s:   # warm alone (the others are stopped), as in production
                 warm(s, levels, args.max_new_tokens, args.warm_waves)
         names = list(servers)
         for rnd in range(args.rounds):
@@ -478,7 +456,7 @@ def main(argv=None) -> int:
             for lv in visits:
                 for name in (names if rnd % 2 == 0 else names[::-1]):
                     plan = visit_plan(name, fracs, "fixed" in configs)
-                    with servers[name] as s:
+                    with servers[name].running() as s:
                         pinned = False
                         for chunk, f in (plan if rnd % 2 == 0 else plan[::-1]):
                             if f is not None:
@@ -490,8 +468,8 @@ def main(argv=None) -> int:
                         if pinned:
                             pin_fraction(s, None)
         plugin = {}
-        for name, sus in servers.items():
-            with sus as s:
+        for name, srv in servers.items():
+            with srv.running() as s:
                 plugin[name] = plugin_state(s)
         for name, ctrl in ctrl_of.items():   # the controller shares these 2 cores with its server
             cpu = process_cpu_s(ctrl.pid)
@@ -500,9 +478,8 @@ def main(argv=None) -> int:
                 plugin[name]["controller_process"] = {
                     "cpu_s": round(cpu, 2), "cpu_ms_per_step": round(1e3 * cpu / steps, 3) if steps else None}
     finally:
-        for sus in servers.values():
-            sus._signal(signal.SIGCONT)
-            sus.srv.stop()
+        for srv in servers.values():
+            srv.stop()      # resumes a paused server first
         for ctrl in ctrls:
             stop_process(ctrl)
     meta["load_avg_end"] = os.getloadavg()[0]

@@ -13,10 +13,14 @@
    concurrent requests;
 4. prints the outputs, SGLang's accept length and the verify budgets chosen;
 5. says whether speculation paid: the same closed-loop workload (``--compare-requests``
-   requests of ``--compare-tokens`` greedy tokens, all at once) on this server and then on
-   the target served without speculation, their tokens/s and ratio, and the share of the
-   DSPARK server's decode steps that ran without drafting (no-draft steps,
-   :mod:`sglang_dspark.no_draft`); then shuts the servers down.
+   requests of ``--compare-tokens`` greedy tokens, all at once) on this server and on the
+   target served without speculation, in ``--compare-rounds`` interleaved rounds (both
+   servers up, the one not being measured paused: :meth:`SGLangServer.pause`), each
+   round's tokens/s and ratio, the ratio of the medians and the share of the DSPARK
+   server's decode steps that ran without drafting (no-draft steps,
+   :mod:`sglang_dspark.no_draft`); then shuts the servers down.  One round of a few
+   hundred tokens lasts under a second on a small host, so one round's ratio is mostly the
+   host's noise; the rounds show its spread.
 """
 
 from __future__ import annotations
@@ -92,6 +96,42 @@ def no_draft_share(info: dict) -> tuple[int, int]:
     return int(sources.get("no_draft", 0)), int(sum(sources.values()))
 
 
+def compare(spec: SGLangServer, target: str, *, requests: int, tokens: int, rounds: int) -> dict:
+    """Did speculation pay?  The closed-loop workload on ``spec`` (running) and on ``target``
+    served without speculation (started here, stopped at the end), ``rounds`` times each,
+    interleaved (spec first in even rounds, plain first in odd ones, so the host's drift hits
+    both alike), the server not being measured paused; prints each round and the verdict and
+    returns the figures."""
+    print(f"[demo] speculation vs none: {requests} requests x {tokens} tokens, {rounds} interleaved round(s) "
+          "on this server and on the target alone (no speculation)...", flush=True)
+    n0, s0 = no_draft_share(spec.server_info())
+    spec.pause()        # the plain server starts alone
+    plain = SGLangServer(model_path=target, draft_path=None, extra_args=["--max-running-requests", "16"])
+    spec_tok_s, plain_tok_s = [], []
+    try:
+        plain.start()
+        plain.pause()
+        for r in range(rounds):
+            for srv, out in ((spec, spec_tok_s), (plain, plain_tok_s))[::1 if r % 2 == 0 else -1]:
+                with srv.running():
+                    out.append(closed_loop_tok_s(srv.url, requests=requests, tokens=tokens))
+            print(f"[demo]   round {r + 1}: DSPARK {spec_tok_s[-1]:.1f} tok/s, no speculation "
+                  f"{plain_tok_s[-1]:.1f} tok/s ({spec_tok_s[-1] / plain_tok_s[-1]:.2f}x)", flush=True)
+    finally:
+        plain.stop()
+        spec.resume()
+    n1, s1 = no_draft_share(spec.server_info())
+    ratios = [a / b for a, b in zip(spec_tok_s, plain_tok_s)]
+    med_spec, med_plain = statistics.median(spec_tok_s), statistics.median(plain_tok_s)
+    steps, off = s1 - s0, n1 - n0
+    spread = f" (rounds {min(ratios):.2f}-{max(ratios):.2f}x)" if rounds > 1 else ""
+    print(f"[demo] did speculation pay? DSPARK {med_spec:.1f} tok/s, no speculation {med_plain:.1f} tok/s"
+          f"{' (medians)' if rounds > 1 else ''}: {med_spec / med_plain:.2f}x{spread}; {off} of {steps} decode "
+          "steps ran without drafting" + (f" ({off / steps:.0%})" if steps else ""), flush=True)
+    return {"spec_tok_s": spec_tok_s, "plain_tok_s": plain_tok_s, "ratio": med_spec / med_plain,
+            "no_draft_steps": off, "decode_steps": steps}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sglang_dspark.demo")
     ap.add_argument("--models", default=None,
@@ -106,9 +146,12 @@ def main(argv=None) -> int:
     ap.add_argument("--compare-requests", type=int, default=8,
                     help="concurrent requests of the speculation-vs-none comparison (0: skip it)")
     ap.add_argument("--compare-tokens", type=int, default=64, help="greedy tokens per comparison request")
+    ap.add_argument("--compare-rounds", type=int, default=5,
+                    help="interleaved rounds of the comparison (each runs the workload once per server)")
     args = ap.parse_args(argv)
-    if args.compare_requests < 0 or args.compare_tokens < 1:
-        ap.error("--compare-requests must be >= 0 and --compare-tokens >= 1")
+    if args.compare_requests < 0 or args.compare_tokens < 1 or args.compare_rounds < 1:
+        ap.error(f"--compare-requests must be >= 0 (got {args.compare_requests}), --compare-tokens >= 1 "
+                 f"(got {args.compare_tokens}) and --compare-rounds >= 1 (got {args.compare_rounds})")
 
     if args.constructed:
         models = Path(args.models or ROOT / "artifacts" / "tiny")
@@ -138,30 +181,17 @@ def main(argv=None) -> int:
         print(f"[demo] server up at {srv.url}; running examples/frontend_program.py", flush=True)
         _load_example().main(["--url", srv.url])
         stats = summarize(srv.server_info())
-        spec_tok_s = None
+        print("[demo] SGLang DSpark statistics:")
+        for k, v in stats.items():
+            print(f"    {k}: {v}")
+        if stats["worker"] != "sglang_dspark.worker.DSparkControlledWorker":
+            print(f"[demo] ERROR: the sglang-dspark worker was not active (SGLang ran {stats['worker']!r}); "
+                  f"see the server log {srv.log_path}", file=sys.stderr)
+            return 1
         if args.compare_requests:
-            print(f"[demo] speculation vs none: {args.compare_requests} requests x {args.compare_tokens} "
-                  "tokens on this server...", flush=True)
-            n0, s0 = no_draft_share(srv.server_info())
-            spec_tok_s = closed_loop_tok_s(srv.url, requests=args.compare_requests, tokens=args.compare_tokens)
-            n1, s1 = no_draft_share(srv.server_info())
-    print("[demo] SGLang DSpark statistics:")
-    for k, v in stats.items():
-        print(f"    {k}: {v}")
-    if spec_tok_s is not None:
-        print("[demo] ... and on the target alone (no speculation):", flush=True)
-        plain = SGLangServer(model_path=f"{models}/target", draft_path=None, extra_args=["--max-running-requests", "16"])
-        with plain:
-            plain_tok_s = closed_loop_tok_s(plain.url, requests=args.compare_requests, tokens=args.compare_tokens)
-        steps = s1 - s0
-        print(f"[demo] did speculation pay? DSPARK {spec_tok_s:.1f} tok/s, no speculation {plain_tok_s:.1f} tok/s: "
-              f"{spec_tok_s / plain_tok_s:.2f}x; {n1 - n0} of {steps} decode steps ran without drafting"
-              + (f" ({(n1 - n0) / steps:.0%})" if steps else "")
-              + " (one run on this machine, each server alone; ratios vary run to run by ~10%)")
-    print("[demo] server shut down cleanly.")
-    if stats["worker"] != "sglang_dspark.worker.DSparkControlledWorker":
-        print("[demo] ERROR: the sglang-dspark worker was not active", file=sys.stderr)
-        return 1
+            compare(srv, f"{models}/target", requests=args.compare_requests, tokens=args.compare_tokens,
+                    rounds=args.compare_rounds)
+    print("[demo] servers shut down cleanly.")
     return 0
 
 

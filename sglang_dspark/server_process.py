@@ -17,6 +17,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,10 +119,40 @@ class SGLangServer:
 
         return internal_state_updated(http_json(self.url + "/set_internal_state", {"server_args": server_args}))
 
+    def _signal_group(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def pause(self) -> None:
+        """Stop the server's whole process group (SIGSTOP) until :meth:`resume`.  Two SGLang
+        servers on one CPU host slow each other even when one is idle (its scheduler polls a
+        core), so a server not being measured is paused, not left idle."""
+        self._signal_group(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Continue a :meth:`pause`\ d server (SIGCONT; harmless on a running one)."""
+        self._signal_group(signal.SIGCONT)
+
+    @contextmanager
+    def running(self):
+        """``with srv.running():`` resumes the server for the block and pauses it after, so
+        several servers stay up while only the one being measured runs."""
+        self.resume()
+        try:
+            yield self
+        finally:
+            self.pause()
+
     def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM the process group (resumed first: a paused process does not handle it), and
+        SIGKILL it after ``timeout`` seconds; the server's exit code."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
+            self.resume()
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
             except ProcessLookupError:
