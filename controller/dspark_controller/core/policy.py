@@ -153,7 +153,7 @@ class SurvivalCalibrator:
     through k was accepted among requests whose verify window reached k, and replaces the
     prediction by the bin's rate, shrunk towards the prediction with a pseudo count
     (``prior_weight``); rows stay non-increasing along positions.  Counts are forgotten
-    with a half-life of ``half_life`` observations.  Lossless: it changes how many tokens
+    with a half-life of ``half_life`` observed steps (:meth:`observe` calls).  Lossless: it changes how many tokens
     are verified, from outcomes of earlier steps only.  (Why: docs/worker.md, "Survival
     calibration".)"""
 
@@ -210,6 +210,9 @@ class SurvivalCalibrator:
         self.observations += int(seen.sum())
 
     def summary(self) -> dict:
+        """``observations`` (prefix positions seen) and ``mean_abs_gap``: the mean over the
+        observed (position, bin) cells of |realised rate - bin midpoint|, how far the *raw*
+        survival is from what happens (what :meth:`apply` corrects), not a residual."""
         if self.n is None:
             return {"observations": 0}
         with np.errstate(divide="ignore", invalid="ignore"):
