@@ -259,7 +259,6 @@ class BudgetPolicy:
         self.last_pred_ragged_s: Optional[float] = None  # a local ragged plan's predicted step seconds
         self.last_survival: Optional[np.ndarray] = None  # raw lagged survival of the last decision
         self.last_known: Optional[np.ndarray] = None     # its rows that are known (None: all)
-        self.unknown_rows = 0       # rows planned without confidences of their own (calibrated())
         self._rng = random.Random(config.seed)
         # no-draft steps: the gate, the measured time of off steps per R, and the mean
         # calibrated survival per position over the recent local plans (what the policy last
@@ -519,7 +518,6 @@ class BudgetPolicy:
         known = ~np.isnan(raw).any(axis=1)
         self.last_known = None if known.all() else known
         if self.last_known is not None:
-            self.unknown_rows += int((~known).sum())
             s = np.array(s, dtype=np.float64, copy=True)
             row = self._known_row
             if row is None or row.shape[0] != s.shape[1]:
