@@ -83,7 +83,7 @@ from sglang_dspark.server_process import SGLangServer, free_port, http_json  # n
 from sglang_dspark.tiny_models import PRESETS, ensure_pair  # noqa: E402
 
 BENCH_SPEC = PRESETS["bench"]
-PAIRS = ("bench", "deep")     # presets with the same gamma (cap_tokens reads BENCH_SPEC's)
+PAIRS = ("bench", "deep", "deep-weak")     # presets with the same gamma (cap_tokens reads BENCH_SPEC's)
 FIXED_FRACS = (1.0, 0.75, 0.5, 0.25)
 REF_FRAC = 0.5      # every compact server's reference chunk: this fraction pinned
 OURS = ("online", "controller", "online_static", "online_ragged")
@@ -375,9 +375,10 @@ def server_for(name: str, m: Path, table: Path, work: Path, maxrun: list[str]):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pair", default="bench", choices=PAIRS,
-                    help="tiny pair preset: bench (4 target layers) or deep (12 layers of the same "
+                    help="tiny pair preset: bench (4 target layers), deep (12 layers of the same "
                          "width, a larger target; on a 2-core CPU SGLang's profiler cannot make its "
-                         "table for 'upstream' at 32 requests within its 300 s round timeout)")
+                         "table for 'upstream' at 32 requests within its 300 s round timeout) or "
+                         "deep-weak (deep's target, a drafter with more wrong rows)")
     ap.add_argument("--models", default="", help="pair folder (default artifacts/<pair>)")
     ap.add_argument("--levels", default="1,4,16,32",
                     help="concurrency levels in the order each round visits them; a level may repeat "
