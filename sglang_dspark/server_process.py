@@ -133,7 +133,7 @@ class SGLangServer:
         self._signal_group(signal.SIGSTOP)
 
     def resume(self) -> None:
-        """Continue a :meth:`pause`\ d server (SIGCONT; harmless on a running one)."""
+        """Continue a paused server (SIGCONT; harmless on a running one)."""
         self._signal_group(signal.SIGCONT)
 
     @contextmanager
@@ -153,10 +153,7 @@ class SGLangServer:
             return None
         if self.proc.poll() is None:
             self.resume()
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            self._signal_group(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:

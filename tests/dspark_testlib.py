@@ -8,6 +8,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB = ROOT / "tests" / "engine_job.py"
+# variables the suite's engine jobs may set that a user's shell does not
+TEST_ONLY_ENV = ("SGLANG_USE_CPU_ENGINE", "TRITON_INTERPRET", "SGLANG_RAGGED_VERIFY_MODE")
+
+
+def user_env() -> dict:
+    """This process's environment without :data:`TEST_ONLY_ENV`: what a user's command sees."""
+    return {k: v for k, v in os.environ.items() if k not in TEST_ONLY_ENV}
 
 
 def run_engine_job(job: dict, tmp_path: Path, timeout: int = 600) -> dict:

@@ -1,12 +1,12 @@
 """``make demo`` as a new user runs it (``python -m sglang_dspark.demo`` on the committed
 trained pair, real SGLang servers), and the pause / resume it measures with."""
 
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from dspark_testlib import user_env
 from sglang_dspark.server_process import SGLangServer, http_json
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,11 +41,9 @@ def _all_stopped(pgid: int, timeout: float = 10.0) -> bool:
 def test_demo_runs_and_says_whether_speculation_paid():
     """The demo's whole path: the frontend program, its statistics, the interleaved
     comparison (both servers up, one paused) and a clean shutdown, exit code 0."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("SGLANG_USE_CPU_ENGINE", "TRITON_INTERPRET", "SGLANG_RAGGED_VERIFY_MODE")}
     p = subprocess.run([sys.executable, "-m", "sglang_dspark.demo", "--compare-requests", "2",
                         "--compare-tokens", "16", "--compare-rounds", "2"],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+                       cwd=REPO, env=user_env(), capture_output=True, text=True, timeout=600)
     out = p.stdout
     assert p.returncode == 0, out[-3000:] + p.stderr[-3000:]
     assert "worker: sglang_dspark.worker.DSparkControlledWorker" in out

@@ -2,26 +2,19 @@
 --speculative-algorithm DSPARK --speculative-draft-model-path D --device cpu --port P
 (no environment variables), served over HTTP."""
 
-import os
 import subprocess
 import sys
 import urllib.request
 
 import pytest
 
+from dspark_testlib import TEST_ONLY_ENV, user_env
 from sglang_dspark.server_process import SGLangServer, http_json
-
-
-def _clean_env():
-    env = dict(os.environ)
-    for k in ("SGLANG_USE_CPU_ENGINE", "TRITON_INTERPRET", "SGLANG_RAGGED_VERIFY_MODE"):
-        env.pop(k, None)
-    return env
 
 
 @pytest.fixture(scope="module")
 def server(tiny_pair, monkeypatch_module):
-    for k in ("SGLANG_USE_CPU_ENGINE", "TRITON_INTERPRET", "SGLANG_RAGGED_VERIFY_MODE"):
+    for k in TEST_ONLY_ENV:
         monkeypatch_module.delenv(k, raising=False)
     srv = SGLangServer(model_path=tiny_pair["target"], draft_path=tiny_pair["draft"],
                        extra_args=["--enable-metrics"], cpu_kv_tokens=None)
@@ -115,6 +108,6 @@ def test_broken_draft_exits_nonzero_with_message(edit, message, tmp_path, tiny_p
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", tiny_pair["target"],
            "--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", str(d),
            "--device", "cpu", "--port", "1"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_clean_env())
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=user_env())
     assert proc.returncode != 0
     assert message in proc.stdout + proc.stderr
