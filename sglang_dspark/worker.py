@@ -166,6 +166,7 @@ class DSparkControlledWorker(DSparkWorkerV2):
                 raise ValueError(f"SGLANG_DSPARK_AB_ARMS has an 'off' arm, but no-draft steps cannot run: "
                                  f"{self._no_draft_off_reason}")
         self._seen_decision_at = 0.0
+        self._switches_logged = 0     # gate switches already logged (_log_switch)
         self._observers_list = self._step_observers()
         self._dspark_ready = True
         logger.info("sglang-dspark %s: DSparkControlledWorker active (mode=%s); %s",
@@ -366,6 +367,8 @@ class DSparkControlledWorker(DSparkWorkerV2):
         if self._ab_ledger is not None:
             obs.append(self._feed_ab)
         obs.append(self._learn)
+        if self._policy.gate is not None:
+            obs.append(self._log_switch)
         if self._metrics is not None:
             obs.append(self._feed_metrics)
         if self._log_interval > 0:
@@ -435,6 +438,23 @@ class DSparkControlledWorker(DSparkWorkerV2):
         self._metrics.observe(rec, sources=self._policy.sources,
                               link_state=self._link.client.link_state if self._link else None,
                               switches=None if self._policy.gate is None else self._policy.gate.switches)
+
+    def _log_switch(self, rec) -> None:
+        """One log line per switch of the drafting gate: where, why, the two prices it
+        weighed, and how much the policy had measured (the profile's steps, this load's
+        no-draft samples).  The gate's hysteresis bounds how often it fires."""
+        gate = self._policy.gate
+        n = sum(gate.switches.values())
+        if n == self._switches_logged:
+            return
+        self._switches_logged = n
+        sw = gate.last_switch or {}
+        r = int(sw.get("num_requests", 0))
+        logger.info("sglang-dspark: drafting %s at %d requests (%s, step %s): drafting %s tok/s, no-draft %s tok/s; "
+                    "profile %d steps, %d no-draft samples at this load",
+                    "off" if sw.get("to") == "no_draft" else "on", r, sw.get("why"), sw.get("step"),
+                    sw.get("drafting_tok_s"), sw.get("no_draft_tok_s"),
+                    int(getattr(self._local_model, "steps", 0) or 0), self._policy.off_times.fresh_samples(r))
 
     def _log_state(self, rec) -> None:
         now = time.monotonic()

@@ -603,3 +603,42 @@ def test_a_zero_budget_plan_stands_for_a_no_draft_step_against_the_uniform_path(
     # switches off
     assert not off and switches == 0 and kinds["uniform"] > 180 and kinds["zero"] == 1, outcomes
     assert outcomes[True][1]["off"] >= OffTimes.MIN_SAMPLES, outcomes
+
+
+def test_steps_whose_confidences_swing_vote_on_the_mean_of_the_recent_plans():
+    # 4 requests whose drafts come in runs: one confident step (survival 0.99, drafting
+    # ~576 tokens/s against no-draft steps' ~381) then two doubtful ones (0.5, ~273), as a
+    # drafter half of whose rows are wrong gives.  Priced one step at a time, every pair of
+    # doubtful steps is two votes for off; the gate's question is the coming dwell, priced
+    # on the recent plans' mean survival, where drafting pays, so it stays on
+    r, off_s = 4, 0.0105
+    pol = BudgetPolicy(local_model=_model(), config=_QUIET)
+    for _ in range(pol.off_times.MIN_SAMPLES):
+        pol.observe_off_step(r, off_s)
+    for i in range(120):
+        assert pol.draft_step(r), i
+        _drafted_step(pol, _rows(r, 0.99 if i % 3 == 0 else 0.5))
+    assert pol.gate.switches == {"off": 0, "on": 0}
+    assert pol.known_theta(r, to_stop=True) > 1.03 * pol.off_throughput(r)
+    # the same runs of doubtful steps only, and drafting stops
+    for _ in range(20):
+        if not pol.draft_step(r):
+            break
+        _drafted_step(pol, _rows(r, 0.5))
+    assert pol.gate.off and pol.gate.last_switch["to"] == "no_draft" and pol.gate.last_switch["why"] == "votes"
+
+
+def test_a_switch_needs_the_plans_price_and_what_drafted_steps_realised_to_agree():
+    # stopping is priced at the higher of the two, coming back at the lower
+    r = 4
+    pol = BudgetPolicy(local_model=_model(), config=_QUIET)
+    for _ in range(5):
+        assert pol.draft_step(r)
+        _drafted_step(pol, _rows(r, 0.8))
+    pol.realised_rate = lambda n: None
+    plan = pol.known_theta(r)
+    assert plan is not None and pol.known_theta(r, to_stop=True) == plan
+    for rate in (2 * plan, plan / 2):
+        pol.realised_rate = lambda n, rate=rate: rate
+        assert pol.known_theta(r, to_stop=True) == max(plan, rate)
+        assert pol.known_theta(r) == min(plan, rate)

@@ -257,6 +257,9 @@ class DraftGate:
         self.known_loss: Callable[[int], bool] = lambda num_req: False
         self.skipped_redrafts = 0        # load-drop bursts skipped by known_loss
         self.dwell_waived = 0            # on -> off switches made within the dwell (clear_loss)
+        # the latest switch: to which state, at which load, why ("votes", "clear_loss",
+        # "zero_budget" off; "drafting_wins" on), at which step, and the two prices it weighed
+        self.last_switch: Optional[dict] = None
         # counters (observability)
         self.switches = {"off": 0, "on": 0}
         self.steps = {"drafted": 0, "no_draft": 0, "redraft": 0}
@@ -328,9 +331,10 @@ class DraftGate:
         if self.off_votes >= cfg.confirm and (
                 self.may_switch(num_req)
                 or off_wins(theta_on, theta_off, best_budget=best_budget, margin=cfg.clear_loss)):
-            if not self.may_switch(num_req):
-                self.dwell_waived += 1
-            self._switch(True, num_req)
+            waived = not self.may_switch(num_req)
+            self.dwell_waived += int(waived)
+            why = "zero_budget" if int(best_budget) <= 0 else ("clear_loss" if waived else "votes")
+            self._switch(True, num_req, why=why, theta_on=theta_on, theta_off=theta_off)
 
     def abstain(self) -> None:
         """A drafted step that casts no vote (its verdict waits for a measured no-draft
@@ -343,14 +347,20 @@ class DraftGate:
         if not self.off or theta_on is None or theta_off is None:
             return
         if self.drafting_wins(theta_on, theta_off) and self.may_switch(num_req):
-            self._switch(False, num_req)
+            self._switch(False, num_req, why="drafting_wins", theta_on=theta_on, theta_off=theta_off)
 
     def drafting_wins(self, theta_on: float, theta_off: float) -> bool:
         """Drafting's tokens/s ``theta_on`` beats the no-draft ``theta_off`` by ``on_margin``:
         the verdict that brings drafting back on."""
         return float(theta_on) > float(theta_off) * (1.0 + self.config.on_margin)
 
-    def _switch(self, off: bool, num_req: int) -> None:
+    def _switch(self, off: bool, num_req: int, *, why: str, theta_on: Optional[float],
+                theta_off: Optional[float]) -> None:
+        """Switch drafting off (``off``) or on; :attr:`last_switch` records the verdict."""
+        self.last_switch = {"to": "no_draft" if off else "drafting", "num_requests": int(num_req), "why": why,
+                            "step": sum(self.steps.values()),
+                            "drafting_tok_s": None if theta_on is None else round(float(theta_on), 2),
+                            "no_draft_tok_s": None if theta_off is None else round(float(theta_off), 2)}
         self.off = bool(off)
         self.since_switch = 0
         self.off_votes = 0
@@ -365,4 +375,5 @@ class DraftGate:
         return {"state": ("pinned " if self.pinned is not None else "")
                 + ("drafting" if (self.pinned if self.pinned is not None else not self.off) else "no_draft"),
                 "switches": dict(self.switches), "steps": dict(self.steps),
-                "skipped_redrafts": self.skipped_redrafts, "dwell_waived": self.dwell_waived}
+                "skipped_redrafts": self.skipped_redrafts, "dwell_waived": self.dwell_waived,
+                "last_switch": self.last_switch}

@@ -47,10 +47,12 @@ Strategies, each with its constants in :class:`PolicyConfig` and an off switch:
   until it is, or until a couple of them already say drafting wins (a vote for off counts
   only on a measured time).
   Drafting is priced by the plan times what such steps realised over what they predicted
-  (time-weighted, as the no-draft steps' mean time prices off); coming back on, it is
-  priced at most at what drafted steps at that load realised, and no vote for off is
-  cast at a load before ``measure_full_steps`` full-budget steps ran there (the budget a
-  profile fitted on smaller ones extrapolates furthest).
+  (time-weighted, as the no-draft steps' mean time prices off), and a switch needs that
+  price and what drafted steps at that load realised to agree: stopping, drafting is
+  priced at least at what they realised (one step's doubtful confidences, or one young
+  plan's, do not stop drafting that pays over the recent steps), coming back on at most;
+  no vote for off is cast at a load before ``measure_full_steps`` full-budget steps ran
+  there (the budget a profile fitted on smaller ones extrapolates furthest).
 
 An ablation is a config change: ``PolicyConfig(probe=False)`` etc.
 
@@ -358,23 +360,24 @@ class BudgetPolicy:
 
     def drafting_known_to_lose(self, num_req: int) -> bool:
         """Drafting at ``num_req`` requests has realised steps here (``REALISED_MIN``) and,
-        priced on what the policy last knew (:meth:`known_theta`), loses to no-draft steps
-        by more than the gate's ``redraft_skip_margin``: a load-drop re-draft there would
-        re-measure a known answer."""
+        priced on what the policy last knew, as for stopping it (:meth:`known_theta`), loses
+        to no-draft steps by more than the gate's ``redraft_skip_margin``: a load-drop
+        re-draft there would re-measure a known answer."""
         e = self._realised.get(int(num_req))
         if self.gate is None or e is None or e[2] < REALISED_MIN:
             return False
-        on, off = self.known_theta(num_req), self.off_throughput(num_req)
+        on, off = self.known_theta(num_req, to_stop=True), self.off_throughput(num_req)
         return (on is not None and off is not None
                 and float(on) < float(off) * (1.0 - self.gate.config.redraft_skip_margin))
 
-    def known_theta(self, num_req: int) -> Optional[float]:
+    def known_theta(self, num_req: int, *, to_stop: bool = False) -> Optional[float]:
         """Drafting's expected tokens/s at ``num_req`` requests while none is drafted: what
         the best drafted plan with every request drafting like the recent local plans' mean
         survival (:meth:`_know`), scaled by what drafted steps realised over what they
         predicted, and at most what the local plans' drafted steps at this R realised
         (:meth:`realised_rate`): the gate comes back on evidence, not on a profile's guess
-        at a budget that has not run here (None: no plan or profile yet)."""
+        at a budget that has not run here (None: no plan or profile yet).  ``to_stop``: at
+        least what they realised instead (:meth:`stop_price`)."""
         row, model = self._known_row, self.local_model
         if row is None or model is None or not getattr(model, "ready", False):
             return None
@@ -384,8 +387,22 @@ class BudgetPolicy:
         d = self._uniform_over_off(d, planned, survival, int(num_req), int(survival.size))
         theta = self.realised_theta(int(num_req), self._admitted(d, planned, int(num_req), int(survival.size)),
                                     d.predicted_step_seconds)
+        if to_stop:
+            return self.stop_price(theta, int(d.budget), int(num_req))[1]
         rate = self.realised_rate(int(num_req))
         return theta if theta is None or rate is None else min(theta, rate)
+
+    def stop_price(self, theta_on: Optional[float], budget: int, num_req: int) -> tuple:
+        """(the plan's K, drafting's tokens/s) as a vote for stopping it sees them: the
+        plan's price ``theta_on``, but at least what the local plans' drafted steps at this
+        R realised (:meth:`realised_rate`), so a vote for off needs both to lose.  Where
+        they realised something, a zero budget is priced like any plan (its price counts
+        the draft it pays for), not a vote for off by rule: one step with no draft worth
+        verifying says little about the next steps'."""
+        rate = self.realised_rate(num_req)
+        if rate is None or theta_on is None:
+            return int(budget), theta_on
+        return max(int(budget), 1), max(float(theta_on), rate)
 
     def realised_rate(self, num_req: int) -> Optional[float]:
         """Tokens/s per period (step plus the scheduler's gap) that the local plans' drafted
@@ -451,24 +468,28 @@ class BudgetPolicy:
         return (self.realised_theta(num_req, predicted, d.predicted_step_seconds),
                 self.off_throughput(num_req))
 
-    def _measure_full_first(self, d: Decision, prices: tuple, num_req: int, full: int) -> bool:
-        """Run this step at the full budget instead of voting: the plan prices drafting below
-        plain decoding, and fewer than ``measure_full_steps`` full-budget steps ran at this
-        load (:func:`_load_bucket`).  The full budget is the one a profile fitted on smaller
+    def _measure_full_first(self, d: Decision, verdict: tuple, num_req: int, full: int) -> bool:
+        """Run this step at the full budget instead of voting: the plan ``d`` is not the full
+        budget, its ``verdict`` (:meth:`_vote`) prices drafting below plain decoding, and
+        fewer than ``measure_full_steps`` full-budget steps ran at this load
+        (:func:`_load_bucket`).  The full budget is the one a profile fitted on smaller
         budgets extrapolates furthest; the gate must not stop drafting on that guess."""
         gate, cfg = self.gate, self.config
         bucket = _load_bucket(num_req)
         if (gate is None or gate.pinned is not None or d.budget >= full
                 or self._full_measured[bucket] >= cfg.measure_full_steps):
             return False
-        if not off_wins(prices[0], prices[1], best_budget=d.budget, margin=gate.config.off_margin):
+        k, theta_on, theta_off = verdict
+        if not off_wins(theta_on, theta_off, best_budget=k, margin=gate.config.off_margin):
             return False
         self._full_measured[bucket] += 1
         self._pending_theta = None
         return True
 
-    def _vote(self, d: Decision, prices: tuple, num_req: int) -> None:
-        """A local plan's verdict on plain decoding (priced by what such steps realised).
+    def _vote(self, verdict: tuple, num_req: int) -> None:
+        """A local plan's verdict on plain decoding, ``(K, drafting's tokens/s, plain
+        decoding's)`` (priced by what such steps realised; while drafting, as for stopping
+        it: :meth:`stop_price`).
         While drafting is off (a re-draft step) the verdict on coming back is priced like the
         off steps' (:meth:`known_theta`, the smoothed survival), not on this one step's, and
         only against a no-draft time measured at this R (:meth:`OffTimes.measured_here`).  While
@@ -479,19 +500,19 @@ class BudgetPolicy:
         gate = self.gate
         if gate is None:
             return
-        theta_on, theta_off = prices
-        if gate.off and gate.pinned is None and int(d.budget) > 0:
+        k, theta_on, theta_off = verdict
+        if gate.off and gate.pinned is None and k > 0:
             theta_on = self.known_theta(num_req)
             if not self.off_times.measured_here(num_req):
                 theta_off = None      # back on only against a no-draft time measured at this R
         elif (not gate.off and gate.pinned is None and not self.off_times.measured(num_req)
-              and off_wins(theta_on, theta_off, best_budget=int(d.budget), margin=gate.config.off_margin)):
+              and off_wins(theta_on, theta_off, best_budget=k, margin=gate.config.off_margin)):
             # off only on a time measured here: probe it first (a zero budget votes by rule,
             # not by its price, so its measurement runs to the end)
-            self._off_wanted[int(num_req)] = theta_on if int(d.budget) > 0 else None
+            self._off_wanted[int(num_req)] = theta_on if k > 0 else None
             gate.abstain()
             return
-        gate.vote(theta_on=theta_on, theta_off=theta_off, best_budget=int(d.budget), num_req=num_req)
+        gate.vote(theta_on=theta_on, theta_off=theta_off, best_budget=k, num_req=num_req)
 
     def _know(self, row: np.ndarray) -> None:
         """What the policy knows of the drafts while none are made: the mean survival per
@@ -570,9 +591,12 @@ class BudgetPolicy:
         if vote_d is not d:
             prices = (self.realised_theta(num_req, vote_d.predicted_theta, vote_d.predicted_step_seconds),
                       prices[1])
-        if self._measure_full_first(vote_d, prices, num_req, full):
+        verdict = (int(vote_d.budget), *prices)
+        if self.gate is not None and not self.gate.off:     # a vote on stopping drafting
+            verdict = (*self.stop_price(prices[0], int(vote_d.budget), num_req), prices[1])
+        if self._measure_full_first(vote_d, verdict, num_req, full):
             return self._note("measure", Decision(budget=full))
-        self._vote(vote_d, prices, num_req)
+        self._vote(verdict, num_req)
         if cfg.probe and int(d.budget) < full:   # a full budget: the re-checks of prefer_uniform
             k2 = probe_budget(int(d.budget), full=full, rng=self._rng, prob=cfg.probe_prob, step=cfg.probe_step)
             if k2 is not None:      # a neighbouring budget, so the row's slope is its own
