@@ -453,7 +453,7 @@ class DSparkControlledWorker(DSparkWorkerV2):
         logger.info("sglang-dspark: drafting %s at %d requests (%s, step %s): drafting %s tok/s, no-draft %s tok/s; "
                     "profile %d steps, %d no-draft samples at this load",
                     "off" if sw.get("to") == "no_draft" else "on", r, sw.get("why"), sw.get("step"),
-                    sw.get("drafting_tok_s"), sw.get("no_draft_tok_s"),
+                    *("n/a" if sw.get(k) is None else sw[k] for k in ("drafting_tok_s", "no_draft_tok_s")),
                     int(getattr(self._local_model, "steps", 0) or 0), self._policy.off_times.fresh_samples(r))
 
     def _log_state(self, rec) -> None:

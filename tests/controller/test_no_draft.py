@@ -61,9 +61,9 @@ def test_a_load_drop_burst_is_skipped_where_drafting_is_known_to_lose_but_the_sc
     assert g.summary()["skipped_redrafts"] == 1
     # the schedule's bursts are not skipped: 6 off steps (interval doubled), then a burst
     g2 = DraftGate(GateConfig(confirm=1, min_dwell=1, redraft_every=3, redraft_len=1))
-    g2.known_loss = lambda r: True
     g2.draft(8)
     g2.vote(theta_on=1.0, theta_off=2.0, best_budget=2, num_req=8)
+    g2.known_loss = lambda r: True
     assert [g2.draft(8) for _ in range(4)] == [False] * 3 + [True]
     with pytest.raises(ValueError, match="redraft_skip_margin"):
         GateConfig(redraft_skip_margin=1.0)
@@ -642,3 +642,37 @@ def test_a_switch_needs_the_plans_price_and_what_drafted_steps_realised_to_agree
         pol.realised_rate = lambda n, rate=rate: rate
         assert pol.known_theta(r, to_stop=True) == max(plan, rate)
         assert pol.known_theta(r) == min(plan, rate)
+
+
+def test_drafting_stops_at_once_when_the_load_moves_to_where_it_is_known_to_lose():
+    # drafting lost at 4 requests (drafted steps realised there, no-draft time measured)
+    # and stopped; at 1 request, whose plain steps are slower here, the same drafts pay
+    # and it comes back.  When the load returns to 4, the
+    # first step there runs without drafts: no drafted steps pay to find the answer again
+    r, off_s = 4, 0.0105
+    pol = BudgetPolicy(local_model=_model(), config=_QUIET)
+    for _ in range(3):                  # no no-draft time yet: no vote, drafting runs
+        assert pol.draft_step(r)
+        _drafted_step(pol, _rows(r, 0.5))
+    pol = _switched_off(pol, _rows(r, 0.5), off_s)
+    assert pol.drafting_known_to_lose(r)
+    pol.observe_off_step(1, 0.015)
+    pol.observe_off_step(1, 0.015)
+    for _ in range(400):
+        if not pol.gate.off:
+            break
+        if pol.draft_step(1):
+            _drafted_step(pol, _rows(1, 0.5))
+        else:
+            pol.observe_off_step(1, 0.015)
+    assert not pol.gate.off and pol.gate.switches == {"off": 1, "on": 1}
+    for _ in range(pol.gate.config.min_dwell):          # the dwell since coming back on
+        assert pol.draft_step(1)
+        _drafted_step(pol, _rows(1, 0.5))
+    assert not pol.draft_step(r)
+    assert pol.gate.off and pol.gate.last_switch == {
+        "to": "no_draft", "num_requests": r, "why": "known_loss", "step": pol.gate.last_switch["step"],
+        "drafting_tok_s": None, "no_draft_tok_s": None}
+    # where nothing is known (2 requests: no drafted step realised there) drafting runs
+    pol2 = _switched_off(BudgetPolicy(local_model=_model(), config=_QUIET), _rows(r, 0.5), off_s)
+    assert not pol2.drafting_known_to_lose(2)

@@ -22,6 +22,10 @@ choice never flaps (the failure of a batch-size-keyed switch, vLLM #49548):
   against a no-draft time measured at this load (``OffTimes.EARLY_SAMPLES`` off steps or
   more: a clear win needs no more; a vote for off needs ``OffTimes.MIN_SAMPLES``), not
   one read from a neighbouring load (the off steps after a re-draft burst measure it);
+* on -> off at once, without votes, when the load moves (a step at another R than the
+  last) to where the policy already knows drafting loses (``known_loss``, below), once
+  the dwell is over or waived: a load rise into a known loss pays no drafted steps to
+  find it again;
 * the dwell is waived once the load has left the band ``[load_drop, 1 / load_drop]``
   times the load at the last switch: that switch was decided for another load;
 * while off, a *re-draft* burst of ``redraft_len`` drafted steps after ``redraft_every``
@@ -256,9 +260,11 @@ class DraftGate:
         # policy's pricing; the default knows nothing, so every load drop re-drafts)
         self.known_loss: Callable[[int], bool] = lambda num_req: False
         self.skipped_redrafts = 0        # load-drop bursts skipped by known_loss
+        self._loss_checked_at = 0        # the R at which drafting last asked known_loss
         self.dwell_waived = 0            # on -> off switches made within the dwell (clear_loss)
         # the latest switch: to which state, at which load, why ("votes", "clear_loss",
-        # "zero_budget" off; "drafting_wins" on), at which step, and the two prices it weighed
+        # "zero_budget", "known_loss" off; "drafting_wins" on), at which step, and the two
+        # prices it weighed (None for "known_loss": the policy's verdict, not a vote)
         self.last_switch: Optional[dict] = None
         # counters (observability)
         self.switches = {"off": 0, "on": 0}
@@ -271,6 +277,13 @@ class DraftGate:
         if self.pinned is not None:
             return self._count(self.pinned, redraft=False)
         if not self.off:
+            r = int(num_req)
+            if r != self._loss_checked_at:
+                self._loss_checked_at = r
+                if self.known_loss(r) and self.may_switch(r):
+                    self._switch(True, r, why="known_loss", theta_on=None, theta_off=None)
+                    self.off_steps += 1
+                    return self._count(False, redraft=False)
             return self._count(True, redraft=False)
         cfg = self.config
         if self.redraft_left > 0:

@@ -359,12 +359,14 @@ class BudgetPolicy:
             gate.vote_back(self.known_theta(num_req), self.off_throughput(num_req), num_req)
 
     def drafting_known_to_lose(self, num_req: int) -> bool:
-        """Drafting at ``num_req`` requests has realised steps here (``REALISED_MIN``) and,
+        """Drafting at ``num_req`` requests has realised steps here (``REALISED_MIN``), the
+        no-draft time here is measured (:meth:`OffTimes.measured`), and drafting,
         priced on what the policy last knew, as for stopping it (:meth:`known_theta`), loses
         to no-draft steps by more than the gate's ``redraft_skip_margin``: a load-drop
-        re-draft there would re-measure a known answer."""
+        re-draft there would re-measure a known answer, and drafting that moves there
+        stops at once (:class:`~.no_draft.DraftGate`)."""
         e = self._realised.get(int(num_req))
-        if self.gate is None or e is None or e[2] < REALISED_MIN:
+        if self.gate is None or e is None or e[2] < REALISED_MIN or not self.off_times.measured(num_req):
             return False
         on, off = self.known_theta(num_req, to_stop=True), self.off_throughput(num_req)
         return (on is not None and off is not None
@@ -383,7 +385,8 @@ class BudgetPolicy:
             return None
         survival = np.tile(row, (int(num_req), 1))
         planned = self._argmax(survival, model.sps_function(int(num_req)))
-        d = self._uniform_if_better(planned, survival, int(num_req), int(survival.size), admitted=True)
+        d = self._uniform_if_better(planned, survival, int(num_req), int(survival.size), admitted=True,
+                                    recheck=False)
         d = self._uniform_over_off(d, planned, survival, int(num_req), int(survival.size))
         theta = self.realised_theta(int(num_req), self._admitted(d, planned, int(num_req), int(survival.size)),
                                     d.predicted_step_seconds)
@@ -611,7 +614,8 @@ class BudgetPolicy:
         return self._note("local", d)
 
     def _uniform_if_better(self, d: Decision, survival: np.ndarray, num_req: int, full: int,
-                           theta: Optional[float] = None, admitted: bool = False) -> Decision:
+                           theta: Optional[float] = None, admitted: bool = False,
+                           recheck: bool = True) -> Decision:
         """Verify everything (the uniform path) when its measured step time gives more expected
         tokens per second than the best ragged budget ``d`` (priced at ``theta`` when given,
         else at its own prediction); ``d`` otherwise.  A ``d`` of the full budget runs on the
@@ -620,7 +624,8 @@ class BudgetPolicy:
         side's expected drafts are scaled by what such steps realised, and the ragged plan's
         profile-predicted time by what the ragged plans' steps at this R took
         (:class:`RaggedTime`), so both sides are priced on measured time (local plans only:
-        their step time is the local profile's)."""
+        their step time is the local profile's).  ``recheck=False`` prices a plan rather
+        than choosing a step's: by price alone (no boundary re-check, no RNG draw)."""
         theta = d.predicted_theta if theta is None else theta
         if self.uniform_step_time is None or theta is None:
             return d
@@ -635,6 +640,8 @@ class BudgetPolicy:
                                    factor=self.admission.factor(uniform=False))
         if admitted and self.ragged_time is not None:
             theta = theta * self.ragged_time.factor(num_req)
+        if not recheck:
+            return uniform_d if theta_u is not None and theta_u >= float(theta) else d
         uniform, checked = prefer_uniform(theta_u, theta, model=self.local_model,
                                           num_req=num_req, budget=d.budget, rng=self._rng)
         self.boundary_checks += int(checked)
