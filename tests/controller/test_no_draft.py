@@ -275,6 +275,17 @@ def _switched_off(pol, survival, off_s):
     raise AssertionError("drafting never stopped")
 
 
+def _realised_then_switched_off(r, off_s):
+    """A policy whose drafted steps at ``r`` requests (survival 0.5) realised a loss to
+    no-draft steps of ``off_s`` (3 steps before the no-draft time was measured, so no vote),
+    then switched drafting off there."""
+    pol = BudgetPolicy(local_model=_model(), config=_QUIET)
+    for _ in range(3):
+        assert pol.draft_step(r)
+        _drafted_step(pol, _rows(r, 0.5))
+    return _switched_off(pol, _rows(r, 0.5), off_s)
+
+
 def _rows(r, s):
     return np.cumprod(np.full((r, 4), s), axis=1)
 
@@ -325,11 +336,7 @@ def test_drafting_comes_back_only_as_far_as_drafted_steps_at_that_load_realised(
     # drafting on against what drafted steps there realised; confident re-draft bursts at 4
     # raise that, and drafting comes back
     r, off_s = 4, 0.0105
-    pol = BudgetPolicy(local_model=_model(), config=_QUIET)
-    for _ in range(3):                  # no no-draft time yet: no vote, drafting runs
-        assert pol.draft_step(r)
-        _drafted_step(pol, _rows(r, 0.5))
-    pol = _switched_off(pol, _rows(r, 0.5), off_s)
+    pol = _realised_then_switched_off(r, off_s)
     low = pol.realised_rate(r)
     assert low is not None and low < pol.off_throughput(r)
     drafted = 0
@@ -647,14 +654,10 @@ def test_a_switch_needs_the_plans_price_and_what_drafted_steps_realised_to_agree
 def test_drafting_stops_at_once_when_the_load_moves_to_where_it_is_known_to_lose():
     # drafting lost at 4 requests (drafted steps realised there, no-draft time measured)
     # and stopped; at 1 request, whose plain steps are slower here, the same drafts pay
-    # and it comes back.  When the load returns to 4, the
-    # first step there runs without drafts: no drafted steps pay to find the answer again
+    # and it comes back.  When the load returns to 4, the first step there runs without
+    # drafts: no drafted steps pay to find the answer again
     r, off_s = 4, 0.0105
-    pol = BudgetPolicy(local_model=_model(), config=_QUIET)
-    for _ in range(3):                  # no no-draft time yet: no vote, drafting runs
-        assert pol.draft_step(r)
-        _drafted_step(pol, _rows(r, 0.5))
-    pol = _switched_off(pol, _rows(r, 0.5), off_s)
+    pol = _realised_then_switched_off(r, off_s)
     assert pol.drafting_known_to_lose(r)
     pol.observe_off_step(1, 0.015)
     pol.observe_off_step(1, 0.015)

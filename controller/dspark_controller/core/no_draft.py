@@ -35,8 +35,9 @@ choice never flaps (the failure of a batch-size-keyed switch, vLLM #49548):
   the estimate does not go stale, at a cost that fades while the load stays where
   drafting does not pay.  A load-drop burst is skipped, or ended early once the load has
   moved again, where the policy already knows the answer (``known_loss``: drafted steps
-  realised at the step's load, and drafting priced there more than
-  ``redraft_skip_margin`` below no-draft steps); the schedule's bursts still run.
+  realised at the step's load, its no-draft time is measured there, and drafting priced
+  there more than ``redraft_skip_margin`` below no-draft steps); the schedule's bursts
+  still run.
 
 The gate is asked before a step starts and sees only earlier steps (votes, measured
 times, the last known survival), so a no-draft step is lossless by construction: no
