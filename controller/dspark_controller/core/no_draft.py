@@ -279,13 +279,10 @@ class DraftGate:
             return self._count(self.pinned, redraft=False)
         if not self.off:
             r = int(num_req)
-            if r != self._loss_checked_at:
-                self._loss_checked_at = r
-                if self.known_loss(r) and self.may_switch(r):
-                    self._switch(True, r, why="known_loss", theta_on=None, theta_off=None)
-                    self.off_steps += 1
-                    return self._count(False, redraft=False)
-            return self._count(True, redraft=False)
+            moved, self._loss_checked_at = r != self._loss_checked_at, r
+            if not (moved and self.known_loss(r) and self.may_switch(r)):
+                return self._count(True, redraft=False)
+            self._switch(True, r, why="known_loss", theta_on=None, theta_off=None)   # an off step, below
         cfg = self.config
         if self.redraft_left > 0:
             if self.drop_burst and self.known_loss(int(num_req)):
