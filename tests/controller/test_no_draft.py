@@ -679,3 +679,30 @@ def test_drafting_stops_at_once_when_the_load_moves_to_where_it_is_known_to_lose
     # where nothing is known (2 requests: no drafted step realised there) drafting runs
     pol2 = _switched_off(BudgetPolicy(local_model=_model(), config=_QUIET), _rows(r, 0.5), off_s)
     assert not pol2.drafting_known_to_lose(2)
+
+
+def test_under_a_controllers_budgets_the_engine_still_stops_drafting_where_it_loses():
+    # 4 requests at survival 0.5: drafting loses to this engine's measured no-draft steps
+    # (~273 vs ~381 tokens/s).  The controller plans each step's budget on its curve, and
+    # the local plan still votes on drafting (the no-draft time is this engine's): drafting
+    # stops.  Under a policy the operator pinned (fixed) the engine applies it as is
+    from types import SimpleNamespace
+
+    r, off_s = 4, 0.0105
+    outcome = {}
+    for mode in ("throughput", "fixed"):
+        m = _model()
+        d = SimpleNamespace(policy=SimpleNamespace(mode=mode, floor_tok_s=None), explore_prob=0.0,
+                            verify_all=False, budget_frac=0.5, max_budget_tokens=None, num_requests=r,
+                            budget_tokens=8, sps_function=m.sps_function)
+        pol = BudgetPolicy(local_model=m, config=_QUIET, latest_decision=lambda _age, d=d: d)
+        for _ in range(pol.off_times.MIN_SAMPLES):
+            pol.observe_off_step(r, off_s)
+        sources = Counter()
+        for _ in range(40):
+            if not pol.draft_step(r):
+                break
+            _drafted_step(pol, _rows(r, 0.5))
+            sources[pol.last_source] += 1
+        outcome[mode] = (pol.gate.off, sources["controller"] > 0, sources["local"])
+    assert outcome == {"throughput": (True, True, 0), "fixed": (False, True, 0)}, outcome

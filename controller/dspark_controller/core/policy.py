@@ -574,6 +574,16 @@ class BudgetPolicy:
         if decision is not None:
             out = self._from_controller(decision, survival, num_req, full)
             if out is not None:
+                # drafting or not is this engine's question (its own no-draft time): the
+                # local plan still votes, unless the operator pinned the controller's policy
+                if (self.gate is not None and model is not None and model.ready
+                        and not _operator_pinned(decision)):
+                    planned = self._argmax(survival, model.sps_function(num_req))
+                    self._checked_uniform = None
+                    d = self._uniform_if_better(planned, survival, num_req, full, admitted=True, recheck=False)
+                    d = self._uniform_over_off(d, planned, survival, num_req, full)
+                    if self._gate_verdict(d, planned, survival, num_req, full):
+                        return self._note("measure", Decision(budget=full))
                 return self._note("controller", out)
         if model is None:
             return None
@@ -584,6 +594,27 @@ class BudgetPolicy:
         self._checked_uniform = None
         d = self._uniform_if_better(planned, survival, num_req, full, admitted=True)
         d = self._uniform_over_off(d, planned, survival, num_req, full)
+        if self._gate_verdict(d, planned, survival, num_req, full):
+            return self._note("measure", Decision(budget=full))
+        if cfg.probe and int(d.budget) < full:   # a full budget: the re-checks of prefer_uniform
+            k2 = probe_budget(int(d.budget), full=full, rng=self._rng, prob=cfg.probe_prob, step=cfg.probe_step)
+            if k2 is not None:      # a neighbouring budget, so the row's slope is its own
+                return self._note("probe", Decision(budget=k2))
+        # what this step is expected to accept, before any admission correction (what
+        # AdmissionGain compares with the realised drafts)
+        if d.budget >= full:
+            self.last_pred_drafts = float(clip01(survival).sum())
+        elif planned.predicted_theta is not None and planned.predicted_step_seconds:
+            self.last_pred_drafts = max(planned.predicted_theta * planned.predicted_step_seconds - num_req, 0.0)
+            self.last_pred_ragged_s = planned.predicted_step_seconds
+        return self._note("local", d)
+
+    def _gate_verdict(self, d: Decision, planned: Decision, survival: np.ndarray, num_req: int,
+                      full: int) -> bool:
+        """The local plan ``d`` (``planned`` before the uniform gate) and the gate: the
+        survival the policy knows (:meth:`_know`), the plan's verdict on plain decoding, and
+        either a vote (:meth:`_vote`) or True: run this step at the full budget first
+        (:meth:`_measure_full_first`)."""
         known = self.last_known
         if known is None or known.any():
             self._know((survival if known is None else survival[known]).mean(axis=0))
@@ -598,20 +629,9 @@ class BudgetPolicy:
         if self.gate is not None and not self.gate.off:     # a vote on stopping drafting
             verdict = (*self.stop_price(prices[0], int(vote_d.budget), num_req), prices[1])
         if self._measure_full_first(vote_d, verdict, num_req, full):
-            return self._note("measure", Decision(budget=full))
+            return True
         self._vote(verdict, num_req)
-        if cfg.probe and int(d.budget) < full:   # a full budget: the re-checks of prefer_uniform
-            k2 = probe_budget(int(d.budget), full=full, rng=self._rng, prob=cfg.probe_prob, step=cfg.probe_step)
-            if k2 is not None:      # a neighbouring budget, so the row's slope is its own
-                return self._note("probe", Decision(budget=k2))
-        # what this step is expected to accept, before any admission correction (what
-        # AdmissionGain compares with the realised drafts)
-        if d.budget >= full:
-            self.last_pred_drafts = float(clip01(survival).sum())
-        elif planned.predicted_theta is not None and planned.predicted_step_seconds:
-            self.last_pred_drafts = max(planned.predicted_theta * planned.predicted_step_seconds - num_req, 0.0)
-            self.last_pred_ragged_s = planned.predicted_step_seconds
-        return self._note("local", d)
+        return False
 
     def _uniform_if_better(self, d: Decision, survival: np.ndarray, num_req: int, full: int,
                            theta: Optional[float] = None, admitted: bool = False,
