@@ -40,8 +40,9 @@ Strategies, each with its constants in :class:`PolicyConfig` and an off switch:
   profile's row learns its own slope around the choice (:func:`.strategies.probe_budget`; a
   full budget is not probed: the boundary re-checks measure the ragged plans near it);
 * **no-draft steps** -- each priced local plan votes on plain decoding against its own
-  expected tokens/s, and a :class:`.no_draft.DraftGate` with hysteresis turns the votes
-  into drafting or not; off steps are also run on a small share of steps to measure
+  expected tokens/s (under a controller's budgets too, unless the operator pinned its
+  policy: the no-draft time is this engine's), and a :class:`.no_draft.DraftGate` with
+  hysteresis turns the votes into drafting or not; off steps are also run on a small share of steps to measure
   their time where it is unknown (``off_probe_prob_unknown``) or known (``off_probe_prob``),
   and on every step at a load where a plan found off better on a time not measured there,
   until it is, or until a couple of them already say drafting wins (a vote for off counts
