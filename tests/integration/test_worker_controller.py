@@ -57,8 +57,13 @@ def test_controller_link_fallback_reconnect_and_shared_profile(tiny_pair, tmp_pa
     port = free_port()
     addr = f"tcp://127.0.0.1:{port}"
     cli = f"tcp://127.0.0.1:{port + 2}"
+    # every step drafts (no no-draft steps): this test follows who chose each step's budget,
+    # and where plain decoding wins (the tiny pair on some CPUs) the gate would stop
+    # drafting under the controller's budgets and no step would be planned at all
+    # (tests/controller/test_no_draft.py has the gate under a controller)
     env = {"SGLANG_RAGGED_VERIFY_MODE": "compact", "SGLANG_DSPARK_CONTROLLER": addr,
-           "SGLANG_DSPARK_DECISION_MAX_AGE_S": "1.5", "SGLANG_DSPARK_LOG_INTERVAL_S": "0"}
+           "SGLANG_DSPARK_DECISION_MAX_AGE_S": "1.5", "SGLANG_DSPARK_LOG_INTERVAL_S": "0",
+           "SGLANG_DSPARK_NO_DRAFT": "0"}
     ctrl = _start_controller(addr, tmp_path)
     servers = [SGLangServer(model_path=tiny_pair["target"], draft_path=tiny_pair["draft"],
                             env=dict(env, SGLANG_DSPARK_ENGINE_ID=f"srv{i}"),
