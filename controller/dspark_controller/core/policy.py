@@ -42,8 +42,9 @@ Strategies, each with its constants in :class:`PolicyConfig` and an off switch:
 * **no-draft steps** -- each priced local plan votes on plain decoding against its own
   expected tokens/s (under a controller's budgets too, unless the operator pinned its
   policy: the no-draft time is this engine's), and a :class:`.no_draft.DraftGate` with
-  hysteresis turns the votes into drafting or not; off steps are also run on a small share of steps to measure
-  their time where it is unknown (``off_probe_prob_unknown``) or known (``off_probe_prob``),
+  hysteresis turns the votes into drafting or not; off steps are also run on a small
+  share of steps to measure their time where it is unknown (``off_probe_prob_unknown``)
+  or known (``off_probe_prob``),
   and on every step at a load where a plan found off better on a time not measured there,
   until it is, or until a couple of them already say drafting wins (a vote for off counts
   only on a measured time).
@@ -385,10 +386,7 @@ class BudgetPolicy:
         if row is None or model is None or not getattr(model, "ready", False):
             return None
         survival = np.tile(row, (int(num_req), 1))
-        planned = self._argmax(survival, model.sps_function(int(num_req)))
-        d = self._uniform_if_better(planned, survival, int(num_req), int(survival.size), admitted=True,
-                                    recheck=False)
-        d = self._uniform_over_off(d, planned, survival, int(num_req), int(survival.size))
+        planned, d = self._local_plan(survival, int(num_req), int(survival.size), recheck=False)
         theta = self.realised_theta(int(num_req), self._admitted(d, planned, int(num_req), int(survival.size)),
                                     d.predicted_step_seconds)
         if to_stop:
@@ -579,10 +577,7 @@ class BudgetPolicy:
                 # local plan still votes, unless the operator pinned the controller's policy
                 if (self.gate is not None and model is not None and model.ready
                         and not _operator_pinned(decision)):
-                    planned = self._argmax(survival, model.sps_function(num_req))
-                    self._checked_uniform = None
-                    d = self._uniform_if_better(planned, survival, num_req, full, admitted=True, recheck=False)
-                    d = self._uniform_over_off(d, planned, survival, num_req, full)
+                    planned, d = self._local_plan(survival, num_req, full, recheck=False)
                     if self._gate_verdict(d, planned, survival, num_req, full):
                         return self._note("measure", Decision(budget=full))
                 return self._note("controller", out)
@@ -591,10 +586,7 @@ class BudgetPolicy:
         if not model.ready:
             self.warming_up = True      # the profile is young: the caller's fallback decides
             return None
-        planned = self._argmax(survival, model.sps_function(num_req))
-        self._checked_uniform = None
-        d = self._uniform_if_better(planned, survival, num_req, full, admitted=True)
-        d = self._uniform_over_off(d, planned, survival, num_req, full)
+        planned, d = self._local_plan(survival, num_req, full)
         if self._gate_verdict(d, planned, survival, num_req, full):
             return self._note("measure", Decision(budget=full))
         if cfg.probe and int(d.budget) < full:   # a full budget: the re-checks of prefer_uniform
@@ -609,6 +601,16 @@ class BudgetPolicy:
             self.last_pred_drafts = max(planned.predicted_theta * planned.predicted_step_seconds - num_req, 0.0)
             self.last_pred_ragged_s = planned.predicted_step_seconds
         return self._note("local", d)
+
+    def _local_plan(self, survival: np.ndarray, num_req: int, full: int, *,
+                    recheck: bool = True) -> tuple:
+        """(the best ragged budget on the local profile, the decision after the uniform
+        gate and the zero-budget rule); ``recheck``: a near tie may run a boundary re-check
+        (:meth:`_uniform_if_better`)."""
+        planned = self._argmax(survival, self.local_model.sps_function(num_req))
+        self._checked_uniform = None
+        d = self._uniform_if_better(planned, survival, num_req, full, admitted=True, recheck=recheck)
+        return planned, self._uniform_over_off(d, planned, survival, num_req, full)
 
     def _gate_verdict(self, d: Decision, planned: Decision, survival: np.ndarray, num_req: int,
                       full: int) -> bool:
