@@ -1,4 +1,4 @@
-"""SGLang's own SPS table for a tiny pair (``bench`` or ``deep``), made by SGLang's own profiler.
+"""SGLang's own SPS table for a tiny pair (``bench``, ``deep`` or ``deep-weak``), made by SGLang's own profiler.
 
     python benchmarks/upstream_table.py [--pair bench] [--out benchmarks/results/<pair>-upstream-sps-table.json]
 
@@ -82,7 +82,7 @@ def make_table(*, models: Path, out: Path, max_batch: int = 32, log_dir: Path | 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pair", default="bench", choices=["bench", "deep"],
+    ap.add_argument("--pair", default="bench", choices=["bench", "deep", "deep-weak"],
                     help="tiny pair preset (sglang_dspark.tiny_models.PRESETS)")
     ap.add_argument("--models", default="", help="pair folder (default artifacts/<pair>)")
     ap.add_argument("--out", default="", help="table path (default benchmarks/results/<pair>-upstream-sps-table.json)")

@@ -376,9 +376,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pair", default="bench", choices=PAIRS,
                     help="tiny pair preset: bench (4 target layers), deep (12 layers of the same "
-                         "width, a larger target; on a 2-core CPU SGLang's profiler cannot make its "
-                         "table for 'upstream' at 32 requests within its 300 s round timeout) or "
-                         "deep-weak (deep's target, a drafter with more wrong rows)")
+                         "width, a larger target) or deep-weak (deep's target, a drafter with more "
+                         "wrong rows); SGLang's profiler made the 12-layer target's table for "
+                         "'upstream' in 7.5 min on one 2-core host and timed out at 32 requests on another")
     ap.add_argument("--models", default="", help="pair folder (default artifacts/<pair>)")
     ap.add_argument("--levels", default="1,4,16,32",
                     help="concurrency levels in the order each round visits them; a level may repeat "
