@@ -326,10 +326,9 @@ class DSparkControlledWorker(DSparkWorkerV2):
             rec.draft_reason = self._policy.last_draft_reason if self._null_proposer is not None else None
             rec.forced = budget is not None and self._policy.last_source == "forced"
             rec.arm = self._online_planner.last_arm if budget is not None else None
-            # a plan's step (local, or the controller's priced locally): what it expected
-            planned = drafted and budget is not None and self._policy.last_source in ("local", "controller")
-            rec.pred_drafts = self._policy.last_pred_drafts if planned else None
-            rec.pred_ragged_s = self._policy.last_pred_ragged_s if planned else None
+            local = drafted and budget is not None and self._policy.last_source == "local"
+            rec.pred_drafts = self._policy.last_pred_drafts if local else None
+            rec.pred_ragged_s = self._policy.last_pred_ragged_s if local else None
             # on the uniform path every draft is verified (cap lens are not per-request there):
             # it calibrates the survival like a ragged step whose windows hold every draft
             if self._compact and drafted:
