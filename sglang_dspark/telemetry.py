@@ -38,10 +38,12 @@ class StepRecord:
     forced: bool = False
     # the A/B arm this step ran (SGLANG_DSPARK_AB_ARMS; None: no A/B or no budget decision)
     arm: Optional[str] = None
-    # the local plan's expected accepted drafts (planner.AdmissionGain; None: not a local plan)
+    # the plan's expected accepted drafts (None: neither a local nor a controller-planned step)
     pred_drafts: Optional[float] = None
-    # a local ragged plan's predicted step seconds (core.strategies.RaggedTime; None: not one)
+    # a ragged plan's predicted step seconds on the local profile (RaggedTime; None: not one)
     pred_ragged_s: Optional[float] = None
+    # who planned the step: local | controller (None: no plan; BudgetPolicy.observe_step)
+    plan_source: Optional[str] = None
     # False: a no-draft step (sglang_dspark.no_draft): no draft forward, one token per request
     drafted: bool = True
     # who chose drafting or not: gate | redraft | probe | operator | controller (None: no gate)

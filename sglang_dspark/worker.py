@@ -326,9 +326,11 @@ class DSparkControlledWorker(DSparkWorkerV2):
             rec.draft_reason = self._policy.last_draft_reason if self._null_proposer is not None else None
             rec.forced = budget is not None and self._policy.last_source == "forced"
             rec.arm = self._online_planner.last_arm if budget is not None else None
-            local = drafted and budget is not None and self._policy.last_source == "local"
-            rec.pred_drafts = self._policy.last_pred_drafts if local else None
-            rec.pred_ragged_s = self._policy.last_pred_ragged_s if local else None
+            # a plan's step (local, or the controller's priced locally): what it expected
+            planned = drafted and budget is not None and self._policy.last_source in ("local", "controller")
+            rec.pred_drafts = self._policy.last_pred_drafts if planned else None
+            rec.pred_ragged_s = self._policy.last_pred_ragged_s if planned else None
+            rec.plan_source = self._policy.last_source if planned else None
             # on the uniform path every draft is verified (cap lens are not per-request there):
             # it calibrates the survival like a ragged step whose windows hold every draft
             if self._compact and drafted:
@@ -388,7 +390,8 @@ class DSparkControlledWorker(DSparkWorkerV2):
                 verified = [int(self.verify_num_draft_tokens) - 1] * len(rec.accepted_lens)
             self._policy.observe_step(survival=rec.survival, accepted=rec.accepted_lens,
                                       verified=verified, pred_drafts=rec.pred_drafts, uniform=rec.uniform,
-                                      step_s=rec.step_time_s, pred_ragged_s=rec.pred_ragged_s)
+                                      step_s=rec.step_time_s, pred_ragged_s=rec.pred_ragged_s,
+                                      source=rec.plan_source)
 
     def _feed_stats(self, rec) -> None:
         self._stats.add(rec, rec.predicted_step_s)

@@ -1,5 +1,6 @@
 """dspark_controller.core.no_draft: the drafting gate, and the policy pricing plain decoding."""
 
+import dataclasses
 from collections import Counter
 
 import numpy as np
@@ -706,3 +707,42 @@ def test_under_a_controllers_budgets_the_engine_still_stops_drafting_where_it_lo
             sources[pol.last_source] += 1
         outcome[mode] = (pol.gate.off, sources["controller"] > 0, sources["local"])
     assert outcome == {"throughput": (True, True, 0), "fixed": (False, True, 0)}, outcome
+
+
+def test_under_a_controllers_budgets_what_its_steps_realised_prices_drafting_too():
+    # 4 requests whose lagged confidences say 0.5, so the plan's price of drafting loses to
+    # the measured no-draft steps (~273 vs ~381 tokens/s). Where the controller's drafted
+    # steps realise every draft (confidences that come in runs, as on deep-weak) that
+    # evidence keeps drafting on, as it does for a local plan's steps; where they realise
+    # what the plan expected, drafting stops. (Priced on the plan alone, a worker following
+    # a controller stopped and restarted drafting 5 times in 6 chunks at one request.)
+    from types import SimpleNamespace
+
+    r, off_s = 4, 0.0105
+    outcome = {}
+    for realised in ("every draft", "as expected"):
+        m = _model()
+        d = SimpleNamespace(policy=SimpleNamespace(mode="throughput", floor_tok_s=None), explore_prob=0.0,
+                            verify_all=False, budget_frac=None, max_budget_tokens=None, num_requests=r,
+                            budget_tokens=None, sps_function=m.sps_function)
+        pol = BudgetPolicy(local_model=m, config=dataclasses.replace(_QUIET, admission=True),
+                           latest_decision=lambda _age, d=d: d)
+        for _ in range(pol.off_times.MIN_SAMPLES):
+            pol.observe_off_step(r, off_s)
+        sources = Counter()
+        for i in range(40):
+            if not pol.draft_step(r):
+                break
+            survival = _rows(r, 0.99 if i < 6 else 0.5)
+            k = pol.decide(survival, max_len=survival.shape[1]).budget
+            sources[pol.last_source] += 1
+            pred = pol.last_pred_drafts if pol.last_source == "controller" else None
+            verified = [k // r + (1 if j < k % r else 0) for j in range(r)]
+            tot = k if realised == "every draft" or pred is None else int(round(pred))
+            acc = [min(v, tot // r + (1 if j < tot % r else 0)) for j, v in enumerate(verified)]
+            pol.observe_step(survival=None, accepted=acc, verified=verified, pred_drafts=pred, uniform=False,
+                             step_s=0.014 + 0.001 * (r + k), source=pol.last_source)
+        outcome[realised] = (pol.gate.off, sources["controller"] > 0, sources["local"])
+        # the local plans' corrections learn from local plans only
+        assert all(v["steps"] == 0 for v in pol.admission.summary().values()), pol.admission.summary()
+    assert outcome == {"every draft": (False, True, 0), "as expected": (True, True, 0)}, outcome

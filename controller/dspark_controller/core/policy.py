@@ -41,7 +41,9 @@ Strategies, each with its constants in :class:`PolicyConfig` and an off switch:
   full budget is not probed: the boundary re-checks measure the ragged plans near it);
 * **no-draft steps** -- each priced local plan votes on plain decoding against its own
   expected tokens/s (under a controller's budgets too, unless the operator pinned its
-  policy: the no-draft time is this engine's), and a :class:`.no_draft.DraftGate` with
+  policy: the no-draft time is this engine's; a controller-planned step is then priced
+  like a local plan, so what it realised counts as a local plan's step does), and a
+  :class:`.no_draft.DraftGate` with
   hysteresis turns the votes into drafting or not; off steps are also run on a small
   share of steps to measure their time where it is unknown (``off_probe_prob_unknown``)
   or known (``off_probe_prob``),
@@ -580,6 +582,7 @@ class BudgetPolicy:
                     planned, d = self._local_plan(survival, num_req, full, recheck=False)
                     if self._gate_verdict(d, planned, survival, num_req, full):
                         return self._note("measure", Decision(budget=full))
+                    self._expect(out, survival, num_req, full)
                 return self._note("controller", out)
         if model is None:
             return None
@@ -601,6 +604,33 @@ class BudgetPolicy:
             self.last_pred_drafts = max(planned.predicted_theta * planned.predicted_step_seconds - num_req, 0.0)
             self.last_pred_ragged_s = planned.predicted_step_seconds
         return self._note("local", d)
+
+    def _expect(self, d: Decision, survival: np.ndarray, num_req: int, full: int) -> None:
+        """What a controller-planned step ``d`` is expected to realise, priced as a local
+        plan is (the local profile's step time, or the uniform path's measured one for a
+        full budget; drafts scaled by the admission gain), so that its outcome teaches the
+        gate what drafting realises at this R (:meth:`_observe_realised`; not the
+        admission gain or the ragged-time correction, :meth:`observe_step`).  Without it
+        a worker following a controller voted on the plan's price alone: on ``deep-weak``
+        at one request, where drafting paid 1.13x, it stopped and restarted drafting 5
+        times in 6 chunks.  Nothing when ``d`` carries no plan (exploration, verify-all,
+        a fixed fraction)."""
+        self._pending_theta = None
+        if d.predicted_theta is None or not d.predicted_step_seconds or self.local_model is None:
+            return
+        tokens = float(d.predicted_theta) * float(d.predicted_step_seconds)
+        uniform = int(d.budget) >= full
+        t = self.uniform_step_time(num_req) if uniform and self.uniform_step_time is not None else None
+        if t is None:
+            t = float(self.local_model.predict_step_time(num_req, num_req + int(d.budget)))
+        if not (t > 0 and math.isfinite(t)):
+            return
+        theta = tokens / t
+        if self.admission is not None:
+            theta = admitted_theta(theta, t, num_req=num_req, factor=self.admission.factor(uniform=uniform))
+        self._pending_theta = theta
+        self.last_pred_drafts = float(clip01(survival).sum()) if uniform else max(tokens - num_req, 0.0)
+        self.last_pred_ragged_s = None if uniform else t
 
     def _local_plan(self, survival: np.ndarray, num_req: int, full: int, *,
                     recheck: bool = True) -> tuple:
@@ -757,19 +787,24 @@ class BudgetPolicy:
     # ------------------------------------------------------------------ observe
     def observe_step(self, *, survival: Optional[np.ndarray], accepted: Optional[Sequence[int]],
                      verified: Optional[Sequence[int]], pred_drafts: Optional[float], uniform: bool,
-                     step_s: Optional[float] = None, pred_ragged_s: Optional[float] = None) -> None:
+                     step_s: Optional[float] = None, pred_ragged_s: Optional[float] = None,
+                     source: Optional[str] = None) -> None:
         """What a finished step realised: ``survival`` the raw lagged survival its decision
         used (:attr:`last_survival` at the time), per request the accepted and verified
-        draft tokens, ``pred_drafts`` the drafts its local plan expected (None: not a local
-        plan), ``step_s`` its measured seconds (a local plan's step also teaches the
-        gate what drafting realises) and ``pred_ragged_s`` the seconds a local ragged plan
-        predicted (:attr:`last_pred_ragged_s` at the time; :class:`RaggedTime`)."""
+        draft tokens, ``pred_drafts`` the drafts its plan expected (None: neither a local plan
+        nor a controller-planned step, :meth:`_expect`), ``step_s`` its measured seconds (a
+        plan's step also teaches the gate what drafting realises) and ``pred_ragged_s`` the
+        seconds a ragged plan's local profile predicted (:attr:`last_pred_ragged_s` at the
+        time; :class:`RaggedTime`); ``source`` who chose its budget (:attr:`last_source` at
+        the time): a controller-planned step teaches only the gate's realised rate, not
+        the admission gain or the ragged-time correction, which correct the local plans."""
         if pred_drafts is not None and accepted is not None and step_s and step_s > 0 and len(accepted):
             self._observe_realised(len(accepted), len(accepted) + int(sum(accepted)), float(step_s))
-            if self.ragged_time is not None and not uniform:
+            if self.ragged_time is not None and not uniform and source != "controller":
                 self.ragged_time.observe(len(accepted), pred_ragged_s, float(step_s))
         if (survival is not None and accepted is not None and verified is not None
                 and self.calibrator is not None):
             self.calibrator.observe(survival, accepted, verified)
-        if pred_drafts is not None and accepted is not None and self.admission is not None:
+        if pred_drafts is not None and accepted is not None and self.admission is not None \
+                and source != "controller":
             self.admission.observe(pred_drafts, float(sum(accepted)), uniform=uniform)

@@ -323,7 +323,8 @@ class OnlinePolicy(Policy):
         if k is None:
             self.sources["verify_all"] += 1
         # as the worker: the survival its decision read (also when the fallback verified all)
-        self._last = (self.brain.last_survival, self.brain.last_pred_drafts, self.brain.last_pred_ragged_s)
+        self._last = (self.brain.last_survival, self.brain.last_pred_drafts, self.brain.last_pred_ragged_s,
+                      self.brain.last_source)
         return k
 
     def observe(self, *, now, R, B, t, accepted, lengths, uniform=False):
@@ -349,10 +350,10 @@ class OnlinePolicy(Policy):
         """What the worker's telemetry hook does with a finished step (the same calls): the
         policy's calibration and admission gain (a uniform-path step verifies every draft),
         then the step time."""
-        survival, pred, ragged_s = self._last if self._last is not None else (None, None, None)
+        survival, pred, ragged_s, source = self._last if self._last is not None else (None, None, None, None)
         self.brain.observe_step(survival=survival, accepted=[int(x) for x in accepted],
                                 verified=[int(x) for x in lengths], pred_drafts=pred, uniform=uniform,
-                                step_s=t, pred_ragged_s=ragged_s)
+                                step_s=t, pred_ragged_s=ragged_s, source=source)
         learn_step_time(self.model, self.uniform_s, self.brain, num_req=R, batch_tokens=B, step_s=t,
                         uniform=uniform)
 
