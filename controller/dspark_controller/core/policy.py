@@ -42,9 +42,9 @@ Strategies, each with its constants in :class:`PolicyConfig` and an off switch:
 * **no-draft steps** -- each priced local plan votes on plain decoding against its own
   expected tokens/s (under a controller's budgets too, unless the operator pinned its
   policy: the no-draft time is this engine's; a controller-planned step is then priced
-  like a local plan, so what it realised counts as a local plan's step does), and a
-  :class:`.no_draft.DraftGate` with
-  hysteresis turns the votes into drafting or not; off steps are also run on a small
+  like a local plan, so what it realised counts in the realised rate below, though not in
+  the admission gain or the ragged-time correction), and a :class:`.no_draft.DraftGate`
+  with hysteresis turns the votes into drafting or not; off steps are also run on a small
   share of steps to measure their time where it is unknown (``off_probe_prob_unknown``)
   or known (``off_probe_prob``),
   and on every step at a load where a plan found off better on a time not measured there,
@@ -409,9 +409,10 @@ class BudgetPolicy:
         return max(int(budget), 1), max(float(theta_on), rate)
 
     def realised_rate(self, num_req: int) -> Optional[float]:
-        """Tokens/s per period (step plus the scheduler's gap) that the local plans' drafted
-        steps at ``num_req`` requests realised (forgotten sums), once ``REALISED_MIN`` ran
-        there; None before."""
+        """Tokens/s per period (step plus the scheduler's gap) that the planned drafted
+        steps at ``num_req`` requests realised (local plans, and a controller's priced
+        locally, :meth:`_expect`; forgotten sums), once ``REALISED_MIN`` ran there; None
+        before."""
         e = self._realised.get(int(num_req))
         if e is None or e[2] < REALISED_MIN or not e[3] > 0:
             return None
