@@ -682,20 +682,25 @@ def test_drafting_stops_at_once_when_the_load_moves_to_where_it_is_known_to_lose
     assert not pol2.drafting_known_to_lose(2)
 
 
+def _controller_decision(model, r, *, mode, budget_frac, budget_tokens):
+    """A fresh controller decision for ``r`` requests planned on ``model``'s curve."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(policy=SimpleNamespace(mode=mode, floor_tok_s=None), explore_prob=0.0,
+                           verify_all=False, budget_frac=budget_frac, max_budget_tokens=None,
+                           num_requests=r, budget_tokens=budget_tokens, sps_function=model.sps_function)
+
+
 def test_under_a_controllers_budgets_the_engine_still_stops_drafting_where_it_loses():
     # 4 requests at survival 0.5: drafting loses to this engine's measured no-draft steps
     # (~273 vs ~381 tokens/s).  The controller plans each step's budget on its curve, and
     # the local plan still votes on drafting (the no-draft time is this engine's): drafting
     # stops.  Under a policy the operator pinned (fixed) the engine applies it as is
-    from types import SimpleNamespace
-
     r, off_s = 4, 0.0105
     outcome = {}
     for mode in ("throughput", "fixed"):
         m = _model()
-        d = SimpleNamespace(policy=SimpleNamespace(mode=mode, floor_tok_s=None), explore_prob=0.0,
-                            verify_all=False, budget_frac=0.5, max_budget_tokens=None, num_requests=r,
-                            budget_tokens=8, sps_function=m.sps_function)
+        d = _controller_decision(m, r, mode=mode, budget_frac=0.5, budget_tokens=8)
         pol = BudgetPolicy(local_model=m, config=_QUIET, latest_decision=lambda _age, d=d: d)
         for _ in range(pol.off_times.MIN_SAMPLES):
             pol.observe_off_step(r, off_s)
@@ -716,15 +721,11 @@ def test_under_a_controllers_budgets_what_its_steps_realised_prices_drafting_too
     # evidence keeps drafting on, as it does for a local plan's steps; where they realise
     # what the plan expected, drafting stops. (Priced on the plan alone, a worker following
     # a controller stopped and restarted drafting 5 times in 6 chunks at one request.)
-    from types import SimpleNamespace
-
     r, off_s = 4, 0.0105
     outcome = {}
     for realised in ("every draft", "as expected"):
         m = _model()
-        d = SimpleNamespace(policy=SimpleNamespace(mode="throughput", floor_tok_s=None), explore_prob=0.0,
-                            verify_all=False, budget_frac=None, max_budget_tokens=None, num_requests=r,
-                            budget_tokens=None, sps_function=m.sps_function)
+        d = _controller_decision(m, r, mode="throughput", budget_frac=None, budget_tokens=None)
         pol = BudgetPolicy(local_model=m, config=dataclasses.replace(_QUIET, admission=True),
                            latest_decision=lambda _age, d=d: d)
         for _ in range(pol.off_times.MIN_SAMPLES):

@@ -597,14 +597,22 @@ class BudgetPolicy:
             k2 = probe_budget(int(d.budget), full=full, rng=self._rng, prob=cfg.probe_prob, step=cfg.probe_step)
             if k2 is not None:      # a neighbouring budget, so the row's slope is its own
                 return self._note("probe", Decision(budget=k2))
-        # what this step is expected to accept, before any admission correction (what
-        # AdmissionGain compares with the realised drafts)
-        if d.budget >= full:
-            self.last_pred_drafts = float(clip01(survival).sum())
-        elif planned.predicted_theta is not None and planned.predicted_step_seconds:
-            self.last_pred_drafts = max(planned.predicted_theta * planned.predicted_step_seconds - num_req, 0.0)
-            self.last_pred_ragged_s = planned.predicted_step_seconds
+        tokens = (None if planned.predicted_theta is None or not planned.predicted_step_seconds
+                  else planned.predicted_theta * planned.predicted_step_seconds)
+        self._note_expected(survival, num_req, full, int(d.budget), tokens, planned.predicted_step_seconds)
         return self._note("local", d)
+
+    def _note_expected(self, survival: np.ndarray, num_req: int, full: int, budget: int,
+                       tokens: Optional[float], ragged_s: Optional[float]) -> None:
+        """What a planned step of ``budget`` is expected to accept, before any admission
+        correction (what AdmissionGain compares with the realised drafts): the survival's sum
+        for a full budget (the uniform path), else the plan's expected ``tokens`` less the
+        bonus tokens, with its predicted ragged step seconds ``ragged_s`` (RaggedTime)."""
+        if budget >= full:
+            self.last_pred_drafts = float(clip01(survival).sum())
+        elif tokens is not None and ragged_s:
+            self.last_pred_drafts = max(float(tokens) - num_req, 0.0)
+            self.last_pred_ragged_s = ragged_s
 
     def _expect(self, d: Decision, survival: np.ndarray, num_req: int, full: int) -> None:
         """What a controller-planned step ``d`` is expected to realise, priced as a local
@@ -630,8 +638,7 @@ class BudgetPolicy:
         if self.admission is not None:
             theta = admitted_theta(theta, t, num_req=num_req, factor=self.admission.factor(uniform=uniform))
         self._pending_theta = theta
-        self.last_pred_drafts = float(clip01(survival).sum()) if uniform else max(tokens - num_req, 0.0)
-        self.last_pred_ragged_s = None if uniform else t
+        self._note_expected(survival, num_req, full, int(d.budget), tokens, t)
 
     def _local_plan(self, survival: np.ndarray, num_req: int, full: int, *,
                     recheck: bool = True) -> tuple:
