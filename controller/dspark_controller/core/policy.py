@@ -81,9 +81,9 @@ from dspark_controller.core.strategies import (PROBE_PROB, PROBE_STEP, Admission
 
 __all__ = ["PolicyConfig", "Decision", "SurvivalCalibrator", "BudgetPolicy"]
 
-REALISED_MIN = 3         # steps at an R before its own realised-over-predicted ratio is used
-REALISED_DECAY_R = 0.9   # forgetting of an R's realised-over-predicted sums (per step at that R)
-REALISED_DECAY = 0.99    # forgetting of the realised-over-predicted sums over all R
+REALISED_MIN = 3         # steps of a plan kind at an R before its own realised-over-predicted ratio is used
+REALISED_DECAY_R = 0.9   # forgetting of an R's realised-over-predicted sums (per step of that kind at that R)
+REALISED_DECAY = 0.99    # forgetting of a plan kind's realised-over-predicted sums over all R
 KNOWN_ROW_EMA = 0.25     # weight of the newest local plan in the survival the gate prices drafting on
 
 
@@ -277,12 +277,14 @@ class BudgetPolicy:
         self._known_row: Optional[np.ndarray] = None
         self.operator_pin: Optional[bool] = None   # True: always draft, False: never (None: the policy)
         # what the local plans' drafted steps realised against what they predicted, per R and
-        # over all R (forgotten sums), so the gate prices drafting by outcomes
-        # R -> [realised tokens, predicted tokens in the same seconds, steps, seconds per period]
-        self._realised: dict[int, list] = {}
+        # over all R (forgotten sums), so the gate prices drafting by outcomes; kept apart
+        # per plan kind (True: the uniform path), since each kind's price has its own error
+        # (R, uniform) -> [realised tokens, predicted tokens in the same seconds, steps,
+        # seconds per period]
+        self._realised: dict[tuple[int, bool], list] = {}
         self._full_measured: Counter = Counter()  # load bucket -> full-budget steps run before an off vote
         self.step_gaps = StepGaps()      # the scheduler's host time per step (period pricing)
-        self._real_vs_pred = [0.0, 0.0]
+        self._real_vs_pred = {False: [0.0, 0.0], True: [0.0, 0.0]}   # uniform -> over all R
         self._pending_theta: Optional[float] = None
         self.last_draft_reason = "none"
         if self.gate is not None:
@@ -369,8 +371,7 @@ class BudgetPolicy:
         to no-draft steps by more than the gate's ``redraft_skip_margin``: a load-drop
         re-draft there would re-measure a known answer, and drafting that moves there
         stops at once (:class:`~.no_draft.DraftGate`)."""
-        e = self._realised.get(int(num_req))
-        if self.gate is None or e is None or e[2] < REALISED_MIN or not self.off_times.measured(num_req):
+        if self.gate is None or self.realised_rate(num_req) is None or not self.off_times.measured(num_req):
             return False
         on, off = self.known_theta(num_req, to_stop=True), self.off_throughput(num_req)
         return (on is not None and off is not None
@@ -390,7 +391,7 @@ class BudgetPolicy:
         survival = np.tile(row, (int(num_req), 1))
         planned, d = self._local_plan(survival, int(num_req), int(survival.size), recheck=False)
         theta = self.realised_theta(int(num_req), self._admitted(d, planned, int(num_req), int(survival.size)),
-                                    d.predicted_step_seconds)
+                                    d.predicted_step_seconds, uniform=int(d.budget) >= int(survival.size))
         if to_stop:
             return self.stop_price(theta, int(d.budget), int(num_req))[1]
         rate = self.realised_rate(int(num_req))
@@ -411,50 +412,62 @@ class BudgetPolicy:
     def realised_rate(self, num_req: int) -> Optional[float]:
         """Tokens/s per period (step plus the scheduler's gap) that the planned drafted
         steps at ``num_req`` requests realised (local plans, and a controller's priced
-        locally, :meth:`_expect`; forgotten sums), once ``REALISED_MIN`` ran there; None
-        before."""
-        e = self._realised.get(int(num_req))
-        if e is None or e[2] < REALISED_MIN or not e[3] > 0:
-            return None
-        return e[0] / e[3]
+        locally, :meth:`_expect`; forgotten sums): the better plan kind's (ragged, or the
+        uniform path) once ``REALISED_MIN`` of it ran there; None before.  The better
+        kind's, since a kind's rate describes its budgets: ragged re-checks of a young
+        profile's small budgets realise less than the full budget that runs beside them."""
+        rates = [e[0] / e[3] for e in (self._realised.get((int(num_req), u)) for u in (False, True))
+                 if e is not None and e[2] >= REALISED_MIN and e[3] > 0]
+        return max(rates) if rates else None
 
     def realised_theta(self, num_req: int, predicted: Optional[float],
-                       predicted_step_s: Optional[float] = None) -> Optional[float]:
+                       predicted_step_s: Optional[float] = None, *, uniform: bool = False) -> Optional[float]:
         """Drafting's tokens/s at ``num_req`` per period (step plus the scheduler's gap): the
-        plan's ``predicted`` tokens/s (a step of ``predicted_step_s``) times what the local
-        plans' steps realised over what they predicted, at this R once it has
-        ``REALISED_MIN`` such steps, else over all R.  A ratio, not the realised tokens/s
-        itself: those describe the budgets that ran, and a plan that under-drafted would
-        otherwise price every budget by its own shortfall.  The ratio is time-weighted
-        (:meth:`_observe_realised`): tokens realised over the tokens the plans predicted for
-        the seconds the steps took, i.e. throughput over a stretch of steps, on the same
-        footing as the no-draft price (a count over the mean step time)."""
+        plan's ``predicted`` tokens/s (a step of ``predicted_step_s``; ``uniform``: a plan of
+        the full budget, which runs on the uniform path) times what the local plans' steps
+        of its kind realised over what they predicted, at this R once it has
+        ``REALISED_MIN`` such steps, else that kind's over all R, else both kinds' over all
+        R.  Per kind: a ragged plan is priced on the local profile, the uniform path on its
+        measured time, and one's error says nothing of the other's.  A ratio, not the
+        realised tokens/s itself: those describe the budgets that ran, and a plan that
+        under-drafted would otherwise price every budget by its own shortfall.  The ratio
+        is time-weighted (:meth:`_observe_realised`): tokens realised over the tokens the
+        plans predicted for the seconds the steps took, i.e. throughput over a stretch of
+        steps, on the same footing as the no-draft price (a count over the mean step
+        time)."""
         if predicted is None:
             return None
         gap = self.step_gaps.get(num_req, drafted=True)
-        e = self._realised.get(int(num_req))
-        real, pred = (e[0], e[1]) if e is not None and e[2] >= REALISED_MIN else self._real_vs_pred
+        e = self._realised.get((int(num_req), bool(uniform)))
+        if e is not None and e[2] >= REALISED_MIN:
+            real, pred = e[0], e[1]
+        elif self._real_vs_pred[bool(uniform)][1] > 0:
+            real, pred = self._real_vs_pred[bool(uniform)]
+        else:
+            real, pred = (sum(v[i] for v in self._real_vs_pred.values()) for i in (0, 1))
         ratio = real / pred if pred > 0 else 1.0
         return per_period(float(predicted) * ratio, predicted_step_s, gap)
 
-    def _observe_realised(self, num_req: int, tokens: int, step_s: float) -> None:
-        """A local plan's step: ``tokens`` emitted in ``step_s`` seconds, against the plan's
-        tokens/s (``_pending_theta``).  The sums are tokens and predicted tokens over the
-        same seconds (each step's rate weighted by its time), so their ratio is realised over
-        predicted *throughput*; a mean of per-step rates would overrate drafting by about the
-        squared variation of its step times (1 / t averages above 1 / mean t), which the
-        no-draft price, a count over the mean time, does not get."""
+    def _observe_realised(self, num_req: int, tokens: int, step_s: float, uniform: bool) -> None:
+        """A local plan's step (``uniform``: on the uniform path): ``tokens`` emitted in
+        ``step_s`` seconds, against the plan's tokens/s (``_pending_theta``).  The sums are
+        tokens and predicted tokens over the same seconds (each step's rate weighted by its
+        time), so their ratio is realised over predicted *throughput*; a mean of per-step
+        rates would overrate drafting by about the squared variation of its step times
+        (1 / t averages above 1 / mean t), which the no-draft price, a count over the mean
+        time, does not get."""
         pending = self._pending_theta
         if pending is None or not pending > 0:
             return
         pred_tokens = float(pending) * float(step_s)
-        e = self._realised.setdefault(int(num_req), [0.0, 0.0, 0, 0.0])
+        e = self._realised.setdefault((int(num_req), bool(uniform)), [0.0, 0.0, 0, 0.0])
         e[0] = e[0] * REALISED_DECAY_R + float(tokens)
         e[1] = e[1] * REALISED_DECAY_R + pred_tokens
         e[2] += 1
         e[3] = e[3] * REALISED_DECAY_R + float(step_s) + self.step_gaps.get(num_req, drafted=True)
-        self._real_vs_pred[0] = self._real_vs_pred[0] * REALISED_DECAY + float(tokens)
-        self._real_vs_pred[1] = self._real_vs_pred[1] * REALISED_DECAY + pred_tokens
+        total = self._real_vs_pred[bool(uniform)]
+        total[0] = total[0] * REALISED_DECAY + float(tokens)
+        total[1] = total[1] * REALISED_DECAY + pred_tokens
 
     def _admitted(self, d: Decision, planned: Decision, num_req: int, full: int) -> Optional[float]:
         """``d``'s expected tokens/s with its drafts scaled by the admission gain; ``d`` is
@@ -470,7 +483,7 @@ class BudgetPolicy:
         decoding's), per period; either None when unknown."""
         predicted = self._admitted(d, planned, num_req, full)
         self._pending_theta = predicted
-        return (self.realised_theta(num_req, predicted, d.predicted_step_seconds),
+        return (self.realised_theta(num_req, predicted, d.predicted_step_seconds, uniform=int(d.budget) >= full),
                 self.off_throughput(num_req))
 
     def _measure_full_first(self, d: Decision, verdict: tuple, num_req: int, full: int) -> bool:
@@ -664,7 +677,8 @@ class BudgetPolicy:
         # plain decoding is the uniform path's, which the policy would otherwise run
         vote_d = self._checked_uniform if d is planned and self._checked_uniform is not None else d
         if vote_d is not d:
-            prices = (self.realised_theta(num_req, vote_d.predicted_theta, vote_d.predicted_step_seconds),
+            prices = (self.realised_theta(num_req, vote_d.predicted_theta, vote_d.predicted_step_seconds,
+                                          uniform=int(vote_d.budget) >= full),
                       prices[1])
         verdict = (int(vote_d.budget), *prices)
         if self.gate is not None and not self.gate.off:     # a vote on stopping drafting
@@ -807,7 +821,7 @@ class BudgetPolicy:
         the time): a controller-planned step teaches only the gate's realised rate, not
         the admission gain or the ragged-time correction, which correct the local plans."""
         if pred_drafts is not None and accepted is not None and step_s and step_s > 0 and len(accepted):
-            self._observe_realised(len(accepted), len(accepted) + int(sum(accepted)), float(step_s))
+            self._observe_realised(len(accepted), len(accepted) + int(sum(accepted)), float(step_s), bool(uniform))
             if self.ragged_time is not None and not uniform and source != "controller":
                 self.ragged_time.observe(len(accepted), pred_ragged_s, float(step_s))
         if (survival is not None and accepted is not None and verified is not None
