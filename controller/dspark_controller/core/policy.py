@@ -50,8 +50,9 @@ Strategies, each with its constants in :class:`PolicyConfig` and an off switch:
   and on every step at a load where a plan found off better on a time not measured there,
   until it is, or until a couple of them already say drafting wins (a vote for off counts
   only on a measured time).
-  Drafting is priced by the plan times what such steps realised over what they predicted
-  (time-weighted, as the no-draft steps' mean time prices off), and a switch needs that
+  Drafting is priced by the plan times what steps of its kind (ragged, or the uniform
+  path) realised over what they predicted (time-weighted, as the no-draft steps' mean time
+  prices off), and a switch needs that
   price and what drafted steps at that load realised to agree: stopping, drafting is
   priced at least at what they realised (one step's doubtful confidences, or one young
   plan's, do not stop drafting that pays over the recent steps), coming back on at most;
