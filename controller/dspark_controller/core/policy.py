@@ -427,8 +427,8 @@ class BudgetPolicy:
         plan's ``predicted`` tokens/s (a step of ``predicted_step_s``; ``uniform``: a plan of
         the full budget, which runs on the uniform path) times what the local plans' steps
         of its kind realised over what they predicted, at this R once it has
-        ``REALISED_MIN`` such steps, else that kind's over all R, else both kinds' over all
-        R.  Per kind: a ragged plan is priced on the local profile, the uniform path on its
+        ``REALISED_MIN`` such steps, else that kind's over all R, else (none of its kind ran
+        yet) the other kind's.  Per kind: a ragged plan is priced on the local profile, the uniform path on its
         measured time, and one's error says nothing of the other's.  A ratio, not the
         realised tokens/s itself: those describe the budgets that ran, and a plan that
         under-drafted would otherwise price every budget by its own shortfall.  The ratio
@@ -439,13 +439,12 @@ class BudgetPolicy:
         if predicted is None:
             return None
         gap = self.step_gaps.get(num_req, drafted=True)
-        e = self._realised.get((int(num_req), bool(uniform)))
+        kind = bool(uniform)
+        e = self._realised.get((int(num_req), kind))
         if e is not None and e[2] >= REALISED_MIN:
             real, pred = e[0], e[1]
-        elif self._real_vs_pred[bool(uniform)][1] > 0:
-            real, pred = self._real_vs_pred[bool(uniform)]
-        else:
-            real, pred = (sum(v[i] for v in self._real_vs_pred.values()) for i in (0, 1))
+        else:   # this kind over all R; before it has any step, the other kind's
+            real, pred = self._real_vs_pred[kind if self._real_vs_pred[kind][1] > 0 else not kind]
         ratio = real / pred if pred > 0 else 1.0
         return per_period(float(predicted) * ratio, predicted_step_s, gap)
 
