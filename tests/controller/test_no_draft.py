@@ -191,6 +191,32 @@ def test_off_times_follow_the_profile_and_fill_unmeasured_r_from_the_nearest():
     assert OffTimes(m).get(4) is None
 
 
+class _Refitting:
+    """A ready profile whose predictions a test sets: a refit moves them, ``scale`` is the
+    drift factor."""
+
+    def __init__(self, pred: dict) -> None:
+        self.ready, self.steps, self.scale, self.pred = True, 40, 1.0, dict(pred)
+
+    def predict_step_time(self, num_req: int, batch_tokens: int) -> float:
+        return self.pred[(num_req, batch_tokens)]
+
+
+def test_a_profile_refit_does_not_move_a_measured_no_draft_time_but_drift_does():
+    # deep-weak, 2026-12-06: one refit of a young profile moved its 1-request zero-budget
+    # cell from 85 to 48 ms; stored as a ratio to that cell, the no-draft time read 44% low
+    m = _Refitting({(1, 1): 0.085, (2, 2): 0.100})
+    t = OffTimes(m)
+    for _ in range(t.MIN_SAMPLES):
+        t.observe_off(1, 0.030)
+    assert t.get(1) == pytest.approx(0.030)
+    m.pred[(1, 1)], m.pred[(2, 2)] = 0.048, 0.060         # the refit
+    assert t.get(1) == pytest.approx(0.030) and t.measured(1)
+    assert t.get(2) == pytest.approx(0.030 * 0.060 / 0.048)   # an unmeasured R: the profile's shape
+    m.scale = 1.2                                          # the machine slowed down by a fifth
+    assert t.get(1) == pytest.approx(0.036)
+
+
 def test_off_times_average_their_first_samples_and_are_measured_from_min_samples():
     # a cold first no-draft step (3x) is one sample among the first few, not the seed of a
     # moving average that keeps half its weight over the next 7

@@ -100,20 +100,23 @@ def off_wins(theta_on: Optional[float], theta_off: Optional[float], *, best_budg
 
 
 class OffTimes(UniformTimes):
-    """Per-R time of no-draft steps, kept relative to the profile's zero-budget cell.
+    """Per-R time of no-draft steps, on the profile's drift clock.
 
-    Stored as a ratio to the profile's prediction for ``R`` requests and ``B = R`` batch
-    tokens once it is ready (plain seconds before), so the time follows the machine's drift
-    and the zero-budget cell a no-draft step resembles (not the drift clock of
-    :class:`~dspark_controller.core.strategies.UniformTimes`); an ``R`` never measured is
-    read from the nearest measured ``R``'s ratio times the prediction at ``(R, R)``.  An
-    ``R``'s value is the mean of its samples until ``UNIFORM_EMA`` weighs more, then that
-    moving average, so its first samples do not outweigh the rest.  A ratio taken against a profile that has since seen
-    ``STALE_GROWTH`` times as many steps is stale (the profile's shape moved under it, not
-    the machine: on the ``deep`` pair a ratio from the warm-up read a 4-request no-draft
-    step as 193 ms where it took about 60) and reads as unmeasured, so the policy's off
-    probes measure it again.  An ``R`` counts as measured (:meth:`measured`) from
-    ``MIN_SAMPLES`` fresh samples on; :meth:`fresh_samples` counts them before that."""
+    A sample is stored as seconds over the profile's drift factor and read back times
+    today's (:class:`~dspark_controller.core.strategies.UniformTimes`), not relative to the
+    profile's prediction for a zero-budget step: that cell is a drafted step's, and a young
+    profile's refit moves it by up to half (on ``deep-weak`` one refit moved the 1-request
+    cell from 85 to 48 ms), which read the no-draft time of every measured ``R`` wrong by
+    as much until new samples re-anchored it; a drafted step's time must not price plain
+    decoding.  An ``R`` never measured is read from the nearest measured ``R``'s time times
+    the profile's ratio of predictions at ``(R, R)`` and ``(near, near)`` (the shape across
+    loads, nothing else).  An ``R``'s value is the mean of its samples until
+    ``UNIFORM_EMA`` weighs more, then that moving average, so its first samples do not
+    outweigh the rest.  A time taken while the profile had a quarter of its steps
+    (``STALE_GROWTH``) or fewer is stale and reads as unmeasured, so the policy's off
+    probes measure it again; one taken before the profile was ready is plain seconds (no
+    drift clock yet) and is never stale.  An ``R`` counts as measured (:meth:`measured`)
+    from ``MIN_SAMPLES`` fresh samples on; :meth:`fresh_samples` counts them before that."""
 
     STALE_GROWTH = 4
     MIN_SAMPLES = 8
@@ -133,15 +136,16 @@ class OffTimes(UniformTimes):
         self._steps_at[r] = self._model_steps()
 
     def _encode(self, num_req: int, step_s: float, batch_tokens: int) -> tuple:
-        """(ratio to the profile's prediction, True) once it is ready, else (seconds, False)."""
-        pred = self._pred(num_req, batch_tokens)
-        return (float(step_s) / pred, True) if pred is not None else (float(step_s), False)
+        """(seconds over the drift factor, True) once the profile is ready, else (seconds,
+        False)."""
+        del batch_tokens
+        if self._pred(num_req, num_req) is None:
+            return float(step_s), False
+        return float(step_s) / self._scale(), True
 
     def _decode(self, num_req: int, entry: list) -> Optional[float]:
-        if not entry[2]:
-            return entry[0]
-        pred = self._pred(num_req, entry[1])
-        return None if pred is None else entry[0] * pred
+        del num_req
+        return entry[0] * self._scale() if entry[2] else entry[0]
 
     def _weight(self, n: int) -> float:
         return max(1.0 / n, UNIFORM_EMA)    # the mean of the first samples, then the moving average
@@ -170,19 +174,21 @@ class OffTimes(UniformTimes):
 
     def measured(self, num_req: int) -> bool:
         """Whether ``num_req`` has a no-draft time of its own from ``MIN_SAMPLES`` samples
-        or more (not read from a neighbour's ratio, not stale)."""
+        or more (not read from a neighbour's time, not stale)."""
         return self.fresh_samples(num_req) >= self.MIN_SAMPLES
 
     def get(self, num_req: int) -> Optional[float]:
         r = int(num_req)
         if self._fresh(r):
             return super().get(r)
-        ratios = [(abs(k - r), k) for k, e in self.base.items() if e[2] and k != r and self._fresh(k)]
-        if not ratios:
+        measured = [(abs(k - r), k) for k, e in self.base.items() if e[2] and k != r and self._fresh(k)]
+        if not measured:
             return None
-        near = min(ratios)[1]
-        pred = self._pred(r, r)
-        return None if pred is None else self.base[near][0] * pred
+        near = min(measured)[1]
+        pred, pred_near = self._pred(r, r), self._pred(near, near)
+        if pred is None or pred_near is None:
+            return None
+        return self._decode(near, self.base[near]) * pred / pred_near
 
 
 class StepGaps:
