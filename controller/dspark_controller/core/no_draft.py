@@ -104,13 +104,12 @@ class OffTimes(UniformTimes):
 
     A sample is stored as seconds over the profile's drift factor and read back times
     today's (:class:`~dspark_controller.core.strategies.UniformTimes`), not relative to the
-    profile's prediction for a zero-budget step: that cell is a drafted step's, and a young
-    profile's refit moves it by up to half (on ``deep-weak`` one refit moved the 1-request
-    cell from 85 to 48 ms), which read the no-draft time of every measured ``R`` wrong by
-    as much until new samples re-anchored it; a drafted step's time must not price plain
-    decoding.  An ``R`` never measured is read from the nearest measured ``R``'s time times
-    the profile's ratio of predictions at ``(R, R)`` and ``(near, near)`` (the shape across
-    loads, nothing else).  An ``R``'s value is the mean of its samples until
+    profile's prediction for a zero-budget step: that cell is a drafted step's, a young
+    profile's refit moves it (on ``deep-weak`` one moved the 1-request cell from 85 to
+    48 ms), and a stored ratio moved every measured no-draft time with it.  An ``R``
+    never measured is read from the nearest measured ``R``'s time times the profile's
+    ratio of predictions at ``(R, R)`` and ``(near, near)`` (the shape across loads,
+    nothing else).  An ``R``'s value is the mean of its samples until
     ``UNIFORM_EMA`` weighs more, then that moving average, so its first samples do not
     outweigh the rest.  A time taken while the profile had a quarter of its steps
     (``STALE_GROWTH``) or fewer is stale and reads as unmeasured, so the policy's off
