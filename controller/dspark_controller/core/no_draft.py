@@ -135,16 +135,14 @@ class OffTimes(UniformTimes):
         self._steps_at[r] = self._model_steps()
 
     def _encode(self, num_req: int, step_s: float, batch_tokens: int) -> tuple:
-        """(seconds over the drift factor, True) once the profile is ready, else (seconds,
-        False)."""
-        del batch_tokens
+        """UniformTimes' (seconds over the drift factor, True) once the profile is ready,
+        else (seconds, False)."""
         if self._pred(num_req, num_req) is None:
             return float(step_s), False
-        return float(step_s) / self._scale(), True
+        return super()._encode(num_req, step_s, batch_tokens)
 
     def _decode(self, num_req: int, entry: list) -> Optional[float]:
-        del num_req
-        return entry[0] * self._scale() if entry[2] else entry[0]
+        return super()._decode(num_req, entry) if entry[2] else entry[0]
 
     def _weight(self, n: int) -> float:
         return max(1.0 / n, UNIFORM_EMA)    # the mean of the first samples, then the moving average
@@ -187,7 +185,7 @@ class OffTimes(UniformTimes):
         pred, pred_near = self._pred(r, r), self._pred(near, near)
         if pred is None or pred_near is None:
             return None
-        return self._decode(near, self.base[near]) * pred / pred_near
+        return super().get(near) * pred / pred_near
 
 
 class StepGaps:

@@ -428,10 +428,10 @@ class BudgetPolicy:
         the full budget, which runs on the uniform path) times what the local plans' steps
         of its kind realised over what they predicted, at this R once it has
         ``REALISED_MIN`` such steps, else that kind's over all R, else (none of its kind ran
-        yet) the other kind's.  Per kind: a ragged plan is priced on the local profile, the uniform path on its
-        measured time, and one's error says nothing of the other's.  A ratio, not the
-        realised tokens/s itself: those describe the budgets that ran, and a plan that
-        under-drafted would otherwise price every budget by its own shortfall.  The ratio
+        yet) the other kind's.  Per kind: a ragged plan is priced on the local profile, the
+        uniform path on its measured time, and one's error says nothing of the other's.  A
+        ratio, not the realised tokens/s itself: those describe the budgets that ran, and a
+        plan that under-drafted would otherwise price every budget by its own shortfall.  The ratio
         is time-weighted (:meth:`_observe_realised`): tokens realised over the tokens the
         plans predicted for the seconds the steps took, i.e. throughput over a stretch of
         steps, on the same footing as the no-draft price (a count over the mean step
