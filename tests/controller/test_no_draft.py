@@ -390,6 +390,26 @@ def test_drafting_comes_back_only_as_far_as_drafted_steps_at_that_load_realised(
     assert not pol.gate.off and pol.realised_rate(r) > pol.off_throughput(r), (steps, pol.realised_rate(r))
 
 
+def test_a_large_batch_prices_drafting_on_the_steps_realised_at_neighbouring_loads():
+    # under a steady load the batch size wanders over a few percent, so each R's own
+    # drafted steps are few: R reads the realised sums of the loads within REALISED_BAND of
+    # it (tokens scaled to R requests), so one step each at 38, 39 and 41 requests give 40 a
+    # realised rate; below 20 requests an R reads only its own steps
+    from dspark_controller.core.policy import REALISED_BAND, REALISED_MIN
+
+    pol = BudgetPolicy(local_model=_model(max_r=64), config=_QUIET)
+    assert int(REALISED_BAND * 40) == 2 and int(REALISED_BAND * 10) == 0 and REALISED_MIN == 3
+    for r in (38, 39, 41, 9, 11, 12):
+        assert pol.draft_step(r)
+        _drafted_step(pol, _rows(r, 0.9))
+    own = {r: pol._realised[(r, False)] for r in (38, 39, 41)}
+    want = sum(e[0] * 40 / r for r, e in own.items()) / sum(e[3] for e in own.values())
+    assert pol.realised_rate(40) == pytest.approx(want)
+    assert pol.realised_rate(44) is None and pol.realised_rate(10) is None
+    # 38's band is 37..39: two steps, fewer than REALISED_MIN
+    assert pol._realised_at(38, False)[2] == 2 and pol.realised_rate(38) is None
+
+
 def _borrowed_off_time_run(real_off_s: float, steps: int):
     """A policy whose no-draft time is measured at 1 request only, 4x too fast for 4
     requests, run ``steps`` steps at 4 requests whose no-draft steps take ``real_off_s``:

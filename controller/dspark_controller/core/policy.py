@@ -85,6 +85,7 @@ __all__ = ["PolicyConfig", "Decision", "SurvivalCalibrator", "BudgetPolicy"]
 REALISED_MIN = 3         # steps of a plan kind at an R before its own realised-over-predicted ratio is used
 REALISED_DECAY_R = 0.9   # forgetting of an R's realised-over-predicted sums (per step of that kind at that R)
 REALISED_DECAY = 0.99    # forgetting of a plan kind's realised-over-predicted sums over all R
+REALISED_BAND = 0.05     # an R reads the realised sums of the loads within this share of it
 KNOWN_ROW_EMA = 0.25     # weight of the newest local plan in the survival the gate prices drafting on
 
 
@@ -417,7 +418,7 @@ class BudgetPolicy:
         uniform path) once ``REALISED_MIN`` of it ran there; None before.  The better
         kind's, since a kind's rate describes its budgets: ragged re-checks of a young
         profile's small budgets realise less than the full budget that runs beside them."""
-        rates = [e[0] / e[3] for e in (self._realised.get((int(num_req), u)) for u in (False, True))
+        rates = [e[0] / e[3] for e in (self._realised_at(num_req, u) for u in (False, True))
                  if e is not None and e[2] >= REALISED_MIN and e[3] > 0]
         return max(rates) if rates else None
 
@@ -440,13 +441,38 @@ class BudgetPolicy:
             return None
         gap = self.step_gaps.get(num_req, drafted=True)
         kind = bool(uniform)
-        e = self._realised.get((int(num_req), kind))
+        e = self._realised_at(num_req, kind)
         if e is not None and e[2] >= REALISED_MIN:
             real, pred = e[0], e[1]
         else:   # this kind over all R; before it has any step, the other kind's
             real, pred = self._real_vs_pred[kind if self._real_vs_pred[kind][1] > 0 else not kind]
         ratio = real / pred if pred > 0 else 1.0
         return per_period(float(predicted) * ratio, predicted_step_s, gap)
+
+    def _realised_at(self, num_req: int, uniform: bool) -> Optional[list]:
+        """The realised sums of plan kind ``uniform`` at ``num_req`` requests: its own,
+        pooled with those of every load within ``REALISED_BAND`` of it (none below 20
+        requests), their tokens scaled to ``num_req`` requests (None: no step of that kind
+        there).  Under a steady load the batch size wanders over a few percent, so one R's
+        own sums hold a handful of steps each, and the gate compared drafting's rate at
+        one R, noisy by several percent, with a no-draft time that is not."""
+        r, kind = int(num_req), bool(uniform)
+        band = int(REALISED_BAND * r)
+        if band == 0:
+            return self._realised.get((r, kind))
+        out = None
+        for k in range(max(r - band, 1), r + band + 1):
+            e = self._realised.get((k, kind))
+            if e is None:
+                continue
+            if out is None:
+                out = [0.0, 0.0, 0, 0.0]
+            f = r / k
+            out[0] += e[0] * f
+            out[1] += e[1] * f
+            out[2] += e[2]
+            out[3] += e[3]
+        return out
 
     def _observe_realised(self, num_req: int, tokens: int, step_s: float, uniform: bool) -> None:
         """A local plan's step (``uniform``: on the uniform path): ``tokens`` emitted in
