@@ -414,10 +414,11 @@ class BudgetPolicy:
     def realised_rate(self, num_req: int) -> Optional[float]:
         """Tokens/s per period (step plus the scheduler's gap) that the planned drafted
         steps at ``num_req`` requests realised (local plans, and a controller's priced
-        locally, :meth:`_expect`; forgotten sums): the better plan kind's (ragged, or the
-        uniform path) once ``REALISED_MIN`` of it ran there; None before.  The better
-        kind's, since a kind's rate describes its budgets: ragged re-checks of a young
-        profile's small budgets realise less than the full budget that runs beside them."""
+        locally, :meth:`_expect`; forgotten sums; :meth:`_realised_at`): the better plan
+        kind's (ragged, or the uniform path) once ``REALISED_MIN`` of it ran there; None
+        before.  The better kind's, since a kind's rate describes its budgets: ragged
+        re-checks of a young profile's small budgets realise less than the full budget that
+        runs beside them."""
         rates = [e[0] / e[3] for e in (self._realised_at(num_req, u) for u in (False, True))
                  if e is not None and e[2] >= REALISED_MIN and e[3] > 0]
         return max(rates) if rates else None
@@ -427,8 +428,8 @@ class BudgetPolicy:
         """Drafting's tokens/s at ``num_req`` per period (step plus the scheduler's gap): the
         plan's ``predicted`` tokens/s (a step of ``predicted_step_s``; ``uniform``: a plan of
         the full budget, which runs on the uniform path) times what the local plans' steps
-        of its kind realised over what they predicted, at this R once it has
-        ``REALISED_MIN`` such steps, else that kind's over all R, else (none of its kind ran
+        of its kind realised over what they predicted, at this R (:meth:`_realised_at`) once
+        it has ``REALISED_MIN`` such steps, else that kind's over all R, else (none of its kind ran
         yet) the other kind's.  Per kind: a ragged plan is priced on the local profile, the
         uniform path on its measured time, and one's error says nothing of the other's.  A
         ratio, not the realised tokens/s itself: those describe the budgets that ran, and a
