@@ -129,17 +129,43 @@ def test_calibrator_learns_that_low_lagged_survival_is_usually_accepted():
     assert np.allclose(high, 0.95)
 
 
-def test_calibrator_counts_only_verified_positions_and_keeps_rows_monotone():
+def test_calibrator_learns_only_from_steps_that_verified_every_draft_and_keeps_rows_monotone():
     cal = SurvivalCalibrator(bins=4, prior_weight=1.0, half_life=1e9)
     s = _rows([[0.9, 0.9, 0.9]])
     for _ in range(50):
-        cal.observe(s, [1], [1])   # budget stopped after position 0: positions 1, 2 unobserved
-    assert cal.n[0].sum() == pytest.approx(50) and cal.n[1:].sum() == 0
+        cal.observe(s, [1], [1])   # a budget stopped the window after position 0
+    assert cal.observations == 0 and cal.n is None
+    for _ in range(50):
+        cal.observe(s, [1], [3])
+    assert cal.n[0].sum() == pytest.approx(50) and cal.n[2].sum() == pytest.approx(50)
     out = cal.apply(s)
     assert np.all(np.diff(out, axis=1) <= 1e-12)
+    assert out[0, 1] < 0.1      # prefixes through position 1 were never accepted
+    # one cut window in the step: nothing of the step counts
+    cal.observe(np.vstack([s, s]), [3, 1], [3, 2])
+    assert cal.n[0].sum() == pytest.approx(50)
     # mismatched shapes (request order changed) are ignored, never raise
     cal.observe(s, [1, 2], [3, 3])
     assert cal.n[0].sum() == pytest.approx(50)
+
+
+def test_calibration_is_not_raised_by_the_drafts_a_budget_admitted_on_their_live_confidences():
+    """A budget admits each step's drafts by their live confidences, so the verified ones are
+    the likelier accepted.  Lagged survival 0.5 everywhere, live confidences informative (half
+    the requests' drafts accepted with 0.9, half with 0.1): verifying the live top half, the
+    old rule counted acceptance ~0.9 for the 0.5 bin; the truth over all drafts is 0.5, which
+    full-budget steps show."""
+    rng = np.random.default_rng(0)
+    cal = SurvivalCalibrator(bins=10, prior_weight=8.0, half_life=1e9)
+    R, gamma = 8, 1
+    for i in range(600):
+        live = np.where(rng.random(R) < 0.5, 0.9, 0.1)
+        acc = (rng.random(R) < live).astype(int)
+        full = i % 4 == 0      # every fourth step verifies every draft
+        ver = np.ones(R, dtype=int) if full else (live > 0.5).astype(int)
+        cal.observe(np.full((R, gamma), 0.5), acc.tolist(), ver.tolist())
+    got = float(cal.apply(np.full((1, gamma), 0.5))[0, 0])
+    assert got == pytest.approx(0.5, abs=0.06), got
 
 
 def test_calibrator_is_identity_before_any_observation_and_nan_safe():

@@ -25,7 +25,7 @@ vote); None otherwise.
 Strategies, each with its constants in :class:`PolicyConfig` and an off switch:
 
 * **calibration** -- the lagged survival is replaced by the rate at which such
-  predictions were realised (:class:`SurvivalCalibrator`);
+  predictions were realised on steps that verified every draft (:class:`SurvivalCalibrator`);
 * **exploration** -- on a fraction of steps that shrinks as the step's profile row is
   measured, a budget chosen to fill the row where a plan could still win
   (:func:`.strategies.explore_now`, :func:`.strategies.explore_budget`); a row whose uniform
@@ -158,11 +158,14 @@ class SurvivalCalibrator:
     """Online calibration of the planner's lagged survival against realised acceptance.
 
     Per draft position k and per bin of predicted survival, it counts how often the prefix
-    through k was accepted among requests whose verify window reached k, and replaces the
-    prediction by the bin's rate, shrunk towards the prediction with a pseudo count
-    (``prior_weight``); rows stay non-increasing along positions.  Counts are forgotten
-    with a half-life of ``half_life`` observed steps (:meth:`observe` calls).  Lossless: it changes how many tokens
-    are verified, from outcomes of earlier steps only.  (Why: docs/worker.md, "Survival
+    through k was accepted, and replaces the prediction by the bin's rate, shrunk towards
+    the prediction with a pseudo count (``prior_weight``); rows stay non-increasing along
+    positions.  It learns only from steps that verified every draft of every request it
+    has a prediction for: a budget admits each step's drafts by their *live* confidences,
+    so the positions a smaller budget verified are the likelier accepted ones, and their
+    rate overstates what verifying more would accept.  Counts are forgotten with a
+    half-life of ``half_life`` learning steps.  Lossless: it changes how many tokens are
+    verified, from outcomes of earlier steps only.  (Why: docs/worker.md, "Survival
     calibration".)"""
 
     def __init__(self, *, bins: int = 10, prior_weight: float = 8.0, half_life: float = 2000.0) -> None:
@@ -195,27 +198,27 @@ class SurvivalCalibrator:
 
     def observe(self, survival: np.ndarray, accepted: Sequence[int], verified: Sequence[int]) -> None:
         """``survival`` [R, gamma] as predicted for a step; per request the draft tokens that
-        step accepted and verified (prefix k is observed when ``verified > k``; never in a
-        row with a NaN: no prediction was made for it)."""
+        step accepted and verified.  Nothing is learnt unless every row with a prediction
+        (no NaN) verified all ``gamma`` positions; rows with a NaN never count."""
         s = np.asarray(survival, dtype=np.float64)
         if s.ndim != 2 or s.shape[0] != len(accepted) or len(accepted) != len(verified):
             return
         gamma = s.shape[1]
+        known = ~np.isnan(s).any(axis=1)
+        ver = np.asarray(verified, dtype=np.int64)
+        if not known.any() or (ver[known] < gamma).any():
+            return      # a budget chose these windows (the class docstring)
         self._ensure(gamma)
-        acc = np.asarray(accepted, dtype=np.int64).reshape(-1, 1)
-        ver = np.asarray(verified, dtype=np.int64).reshape(-1, 1)
+        acc = np.asarray(accepted, dtype=np.int64)[known].reshape(-1, 1)
         pos = np.arange(gamma).reshape(1, -1)
-        seen = (ver > pos) & ~np.isnan(s).any(axis=1, keepdims=True)
-        if not seen.any():
-            return
-        cell = (pos * self.bins + self._bin(clip01(s)))[seen]  # flat (position, bin) index
+        cell = (pos * self.bins + self._bin(clip01(s[known]))).ravel()  # flat (position, bin) index
         size = gamma * self.bins
         self.n *= self.decay
         self.a *= self.decay
         self.n += np.bincount(cell, minlength=size).reshape(gamma, self.bins)
-        self.a += np.bincount(cell, weights=(acc > pos)[seen].astype(np.float64),
+        self.a += np.bincount(cell, weights=(acc > pos).ravel().astype(np.float64),
                               minlength=size).reshape(gamma, self.bins)
-        self.observations += int(seen.sum())
+        self.observations += int(cell.size)
 
     def summary(self) -> dict:
         """``observations`` (prefix positions seen) and ``mean_abs_gap``: the mean over the
