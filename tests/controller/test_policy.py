@@ -152,9 +152,9 @@ def test_calibrator_learns_only_from_steps_that_verified_every_draft_and_keeps_r
 def test_calibration_is_not_raised_by_the_drafts_a_budget_admitted_on_their_live_confidences():
     """A budget admits each step's drafts by their live confidences, so the verified ones are
     the likelier accepted.  Lagged survival 0.5 everywhere, live confidences informative (half
-    the requests' drafts accepted with 0.9, half with 0.1): verifying the live top half, the
-    old rule counted acceptance ~0.9 for the 0.5 bin; the truth over all drafts is 0.5, which
-    full-budget steps show."""
+    the requests' drafts accepted with 0.9, half with 0.1), three steps in four verifying the
+    live top half: counting those steps' positions (the rule before 61f7bc8) read 0.75 for the
+    0.5 bin; the truth over all drafts is 0.5, which the full-budget steps show."""
     rng = np.random.default_rng(0)
     cal = SurvivalCalibrator(bins=10, prior_weight=8.0, half_life=1e9)
     R, gamma = 8, 1

@@ -2,7 +2,8 @@
 
 * full-budget steps get SGLang's uniform layout, whose lengths are on the host
   (``budget.HostLengthLayouts``), through the real compact verify, and greedy output stays
-  equal to the non-speculative engine's;
+  equal to the non-speculative engine's; their verify windows reach the survival
+  calibration as full ones;
 * SGLang's guard against simulated acceptance with trimmed budgets still refuses to start.
 
 On CPU SGLang captures no ragged verify graph, so it reads ragged lengths to the host
@@ -48,6 +49,9 @@ def test_decided_lengths_are_host_lengths_and_output_is_unchanged(tiny_pair, tmp
     # to the host (zero budgets included), so nothing is attached and nothing is left unread
     assert hl["floor_steps"] == 0 and hl["device_length_steps"] == 0, hl
     assert plugin["budget_sources"].get("explore", 0) >= 10, plugin["budget_sources"]
+    # a full budget's windows hold every draft (SGLang's cap lens): the survival calibration
+    # learns from such steps only (policy.SurvivalCalibrator), so it has learnt from them
+    assert plugin["survival_calibration"]["observations"] > 0, plugin["survival_calibration"]
 
 
 def test_simulated_acceptance_with_trimmed_budgets_is_refused(tiny_pair, tmp_path_factory):
