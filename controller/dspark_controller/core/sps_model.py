@@ -46,13 +46,18 @@ Fitting
 -------
 Every sample lands in one (R-bin, B-bin) cell holding an exponentially forgotten
 effective count ``w`` and mean ``y`` of the drift-normalised step time ``t / s`` (O(1)
-Python-scalar update). Where its bin is backed by data, a sample is Huber-clipped in log
-space against the current prediction at ``huber_k`` times a running robust scale, so a
-GC pause or a preempted step moves little. Every ``refit_every`` updates (or on demand)
-the cells are solved exactly for the weighted ridge least-squares additive fit (a Schur
-complement on the R-bins), thin bins are filled (below), jumps detected, segments
-smoothed, and the knots made non-decreasing by weighted pool-adjacent-violators: the
-predicted step time never falls when more tokens are verified. The result is a dense
+Python-scalar update). Where its B-bin is backed by data and the fit saw its R-bin row
+(``young_row_refit`` forgotten samples or more), a sample is Huber-clipped in log space
+against the current prediction at ``huber_k`` times a running robust scale, so a GC
+pause or a preempted step moves little; a *young* row's prediction is extrapolated from
+other loads, no evidence against a sample (and it moves neither the clip scale nor the
+drift factor). Every ``refit_every`` updates, on demand, and before a prediction at a
+young row that has steps the fit has not seen (so a load jump is priced from its own
+first steps, not for ``refit_every`` steps from the extrapolation), the cells are
+solved exactly for the weighted ridge least-squares additive fit (a Schur complement on
+the R-bins), thin bins are filled (below), jumps detected, segments smoothed, and the
+knots made non-decreasing by weighted pool-adjacent-violators: the predicted step time
+never falls when more tokens are verified. The result is a dense
 table of ``theta`` per integer B, so predictions are table lookups.
 
 Thin data
@@ -122,6 +127,7 @@ class SpsModelConfig:
     jump_z: float = 6.0
     min_jump_rel: float = 0.01
     refit_every: int = 32
+    young_row_refit: float = 8.0
     row_correction: bool = True
     row_shrink_samples: float = 8.0
     row_slope_rel: float = 0.5
@@ -163,6 +169,9 @@ class SpsModelConfig:
             raise ValueError("alpha_ridge must be > 0 (it keeps the additive fit identifiable).")
         if self.smooth_half_window < 0 or not self.jump_z > 0 or self.min_jump_rel < 0:
             raise ValueError("smooth_half_window must be >= 0, jump_z > 0 and min_jump_rel >= 0.")
+        if not self.young_row_refit >= 0:
+            raise ValueError(f"young_row_refit must be >= 0 (forgotten samples; 0 turns it off), got "
+                             f"{self.young_row_refit!r}.")
         if self.refit_every < 1 or self.max_raw_samples < 0 or self.error_window < 1 or self.min_ready_samples < 1:
             raise ValueError("refit_every, error_window and min_ready_samples must be >= 1, "
                              "max_raw_samples >= 0.")
@@ -397,6 +406,9 @@ class SpsModel:
         self.rel_scale = 0.05           # running median |log residual| (robust noise scale)
         self._dirty = 0
         self._fit_valid = False
+        # per R-bin: the forgotten samples the last fit saw there, and whether steps came since
+        self._row_fit_w: list[float] = [0.0] * self.n_r
+        self._row_unfitted: list[bool] = [False] * self.n_r
         # fitted curve
         self._theta = np.ones(self.n_b)                 # knot values (shape units)
         self._theta_raw_list: list[float] = [1.0] * self.n_b   # unsmoothed bin estimates (Huber reference)
@@ -488,10 +500,11 @@ class SpsModel:
             if shape_pred > 0.0:
                 self._rel_err.append((scale_old * shape_pred - t) / t)
                 kb = int(self.knots[bb])
-                if self._known_b[bb]:
+                if self._known_b[bb] and self._row_fit_w[rb] >= cfg.young_row_refit:
                     # Huber in log space against the fitted curve, only where this bin is backed by
-                    # data (an extrapolated prediction is no evidence against a sample); the fit is
-                    # robust to single-bin spikes by construction (median of three)
+                    # data and the fit saw this row (an extrapolated prediction, in B or in R, is no
+                    # evidence against a sample); the fit is robust to single-bin spikes by
+                    # construction (median of three)
                     log_r = math.log(y / shape_pred)
                     k = cfg.huber_k * max(_MAD_TO_SIGMA * self.rel_scale, 0.005)
                     if log_r > k:
@@ -531,6 +544,7 @@ class SpsModel:
         self._w[rb, bb] = w_new
         self._last[rb, bb] = n
         self._row_seen[rb] = True
+        self._row_unfitted[rb] = True
         if cfg.max_raw_samples:
             self._raw.append((r, b, t))
         self._dirty += 1
@@ -549,6 +563,8 @@ class SpsModel:
         self._dirty = 0
         self.refits += 1
         W_full = self._decayed_weights()
+        self._row_fit_w = W_full.sum(axis=1).tolist()
+        self._row_unfitted = [False] * self.n_r
         rows = np.flatnonzero(self._row_seen)
         has_prior = self._prior is not None
         n0 = cfg.prior_weight if has_prior else 0.0
@@ -853,9 +869,20 @@ class SpsModel:
                 out[s:e] = _local_linear(x[s:e], theta[s:e], np.maximum(w[s:e], 1e-6), half)
         return out
 
-    def _ensure_fit(self) -> None:
-        if not self._fit_valid or self._dirty >= self.config.refit_every:
+    def _ensure_fit(self, rb: Optional[int] = None) -> None:
+        """Refit when the fit is missing or ``refit_every`` updates old, or (``rb``: the R-bin
+        about to be predicted) when that row has steps the fit has not seen and the fit saw
+        fewer than ``young_row_refit`` forgotten samples there: a young row's fit is
+        extrapolated from other loads, and each of its first steps moves it most (a load
+        jump to an unseen row otherwise plans up to ``refit_every`` steps on the
+        extrapolation; docs/worker.md, "Young rows").  At most one refit per step there, and
+        only until the row is measured."""
+        if (not self._fit_valid or self._dirty >= self.config.refit_every
+                or (rb is not None and self._young_unfitted(rb))):
             self.refit()
+
+    def _young_unfitted(self, rb: int) -> bool:
+        return self._row_unfitted[rb] and self._row_fit_w[rb] < self.config.young_row_refit
 
     # ------------------------------------------------------------------ predict
     def predict_step_time(self, num_requests: Any, batch_tokens: Any) -> Any:
@@ -865,13 +892,13 @@ class SpsModel:
             if scalar:
                 return float("nan")
             return np.full(np.broadcast(np.asarray(num_requests), np.asarray(batch_tokens)).shape, np.nan)
-        self._ensure_fit()
-        s = math.exp(self.log_scale)
-        top = self._b_top - 1
         if scalar:
             r = int(num_requests)
             b = int(batch_tokens)
             rb = self._r_bin[max(r, 0)] if r <= self._r_top else self.n_r - 1
+            self._ensure_fit(rb)
+            s = math.exp(self.log_scale)
+            top = self._b_top - 1
             if b <= top:
                 return s * self._shape_at(rb, b)
             return s * (self._shape_at(rb, top) + self._table_list[top] * (b / top - 1.0))
@@ -879,9 +906,15 @@ class SpsModel:
         b = np.asarray(batch_tokens, dtype=np.int64)
         rb = self._r_bin_np[np.clip(r, 0, self._r_top)]
         rb, b = np.broadcast_arrays(rb, b)
+        rows = np.unique(rb).tolist()
+        self._ensure_fit()
+        if any(self._young_unfitted(row) for row in rows):
+            self.refit()
+        s = math.exp(self.log_scale)
+        top = self._b_top - 1
         bc = np.clip(b, 1, top)
         out = np.empty(b.shape, dtype=np.float64)
-        for row in np.unique(rb).tolist():
+        for row in rows:
             sel = rb == row
             out[sel] = self._row_table(int(row))[bc[sel]]
         over = b > top
@@ -899,12 +932,13 @@ class SpsModel:
             def flat(b: Any) -> Any:
                 return 1.0 if np.isscalar(b) else np.ones(np.shape(b))
             return flat
-        self._ensure_fit()
-        s = math.exp(self.log_scale)
         r = int(num_requests)
+        rb = self._r_bin[max(r, 0)] if r <= self._r_top else self.n_r - 1
+        self._ensure_fit(rb)
+        s = math.exp(self.log_scale)
         # this row's step times (additive fit plus the row's correction): replaced, never
         # mutated, by a refit, so safe to close over
-        table = self._row_table(self._r_bin[max(r, 0)] if r <= self._r_top else self.n_r - 1)
+        table = self._row_table(rb)
         top = self._b_top - 1
         t_top, slope_top = float(table[top]), float(self._table[top]) / top
 
@@ -1044,9 +1078,12 @@ class SpsModel:
 
     # ------------------------------------------------------------------ state
     def to_state(self, *, include_raw: bool = True, include_cells: bool = True) -> dict[str, Any]:
-        """JSON-able state (validated at the boundary by ``profile_file.SpsModelState``)."""
+        """JSON-able state (validated at the boundary by ``profile_file.SpsModelState``); its
+        fit is the one every row's next prediction would use (young rows' latest steps in)."""
         if self.ready:
             self._ensure_fit()
+            if any(self._young_unfitted(rb) for rb in range(self.n_r)):
+                self.refit()
         cells: list[list[float]] = []
         if include_cells:
             W = self._decayed_weights()
@@ -1157,6 +1194,7 @@ class SpsModel:
             wb = model.bin_weights()
             model._set_fit(th, al, jumps, wb >= cfg.min_bin_weight, row_lines=lines)
             model._dirty = 0
+            model._row_fit_w = model._decayed_weights().sum(axis=1).tolist()
         return model
 
 
