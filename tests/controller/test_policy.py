@@ -787,6 +787,36 @@ def test_admission_gain_learns_each_kind_and_tips_the_uniform_comparison():
     assert abs(tipped.last_pred_drafts - (ragged.predicted_theta * ragged.predicted_step_seconds - 1)) < 1e-6
 
 
+def test_the_admission_gain_moves_the_ragged_budget_and_the_plan_keeps_the_forecasts_price():
+    """A ragged budget is chosen on the lagged survival scaled by the ragged steps'
+    realised-over-predicted accepted drafts (clipped at 1): SGLang admits by live
+    confidences, so the admitted drafts accept more than the lagged top-K at the margin.
+    The plan's price stays the unscaled forecast's, which the gain learns against."""
+    from dspark_controller.core.strategies import ADMISSION_MIN_STEPS
+
+    model = _ragged_model()                     # R = 1: 20 ms + 10 ms per verified draft
+    surv = _rows([[0.9, 0.9, 0.8, 0.5]])        # survival 0.9, 0.81, 0.648, 0.324
+    cfg = dict(explore_prob_young=0.0, explore_prob=0.0, probe=False)
+    plain = BudgetPolicy(local_model=model, config=_old(**cfg)).decide(surv, max_len=4)
+    assert plain.budget == 2                    # 2.71 tokens / 40 ms beats 3.36 / 50 ms
+    pol = BudgetPolicy(local_model=model, config=_old(admission=True, **cfg))
+    assert pol.decide(surv, max_len=4).budget == 2          # factor 1 before enough steps
+    for _ in range(ADMISSION_MIN_STEPS):
+        pol.observe_step(survival=None, accepted=[13], verified=None, pred_drafts=10.0, uniform=False)
+    assert abs(pol.admission.factor(uniform=False) - 1.3) < 1e-9
+    d = pol.decide(surv, max_len=4)
+    assert d.budget == 3                        # x1.3: 3.84 tokens / 50 ms beats 3.0 / 40 ms
+    t3 = float(model.predict_step_time(1, 4))
+    assert d.predicted_step_seconds == pytest.approx(t3)
+    assert d.predicted_theta == pytest.approx((1 + 0.9 + 0.81 + 0.648) / t3)   # unscaled
+    assert pol.last_pred_drafts == pytest.approx(0.9 + 0.81 + 0.648)
+    # ragged steps that accepted less than forecast pull the budget down the same way
+    low = BudgetPolicy(local_model=model, config=_old(admission=True, **cfg))
+    for _ in range(ADMISSION_MIN_STEPS):
+        low.observe_step(survival=None, accepted=[6], verified=None, pred_drafts=10.0, uniform=False)
+    assert low.decide(surv, max_len=4).budget < 2
+
+
 def test_ragged_time_prices_the_ragged_plan_on_what_its_steps_took():
     """strategies.RaggedTime: predicted over realised seconds of the local ragged plans, per
     R, 1 until enough steps there; the uniform comparison scales the ragged plan's tokens/s

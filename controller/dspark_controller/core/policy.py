@@ -35,7 +35,8 @@ Strategies, each with its constants in :class:`PolicyConfig` and an off switch:
   gives more expected tokens per second than the best ragged budget
   (:func:`.strategies.prefer_uniform`, with boundary re-checks at near ties);
 * **admission gain** -- that comparison scales each side's expected accepted drafts by
-  what such steps realised (:class:`.strategies.AdmissionGain`);
+  what such steps realised (:class:`.strategies.AdmissionGain`), and the ragged budget is
+  chosen on the survival scaled by the ragged steps' factor (:meth:`BudgetPolicy._ragged_plan`);
 * **probes** -- a small share of the local ragged choices move by a fixed step, so the
   profile's row learns its own slope around the choice (:func:`.strategies.probe_budget`; a
   full budget is not probed: the boundary re-checks measure the ragged plans near it);
@@ -688,10 +689,31 @@ class BudgetPolicy:
         """(the best ragged budget on the local profile, the decision after the uniform
         gate and the zero-budget rule); ``recheck``: a near tie may run a boundary re-check
         (:meth:`_uniform_if_better`)."""
-        planned = self._argmax(survival, self.local_model.sps_function(num_req))
+        planned = self._ragged_plan(survival, num_req)
         self._checked_uniform = None
         d = self._uniform_if_better(planned, survival, num_req, full, admitted=True, recheck=recheck)
         return planned, self._uniform_over_off(d, planned, survival, num_req, full)
+
+    def _ragged_plan(self, survival: np.ndarray, num_req: int) -> Decision:
+        """The best ragged budget on the local profile.  With the admission gain on, K is
+        chosen on the survival scaled by what the ragged plans' steps realised over what they
+        predicted (:class:`.strategies.AdmissionGain`; clipped at 1): SGLang admits a
+        budget's drafts by their live confidences, so the K it admits accept more than the
+        lagged forecast's top K, most of all at the margin, where the plan trades one more
+        draft against its cost.  The plan keeps the unscaled forecast's price (what the
+        gain compares realised drafts with, and what the uniform gate and the votes scale
+        by it).  docs/worker.md ("Where budgets come from", source 4) has the simulator
+        figures."""
+        sps = self.local_model.sps_function(num_req)
+        g = 1.0 if self.admission is None else self.admission.factor(uniform=False)
+        if g == 1.0:
+            return self._argmax(survival, sps)
+        d = self._argmax(np.minimum(survival * g, 1.0), sps)
+        st = d.predicted_step_seconds
+        if not st:
+            return d
+        top = float(np.sort(clean_survival(survival), axis=None)[::-1][:int(d.budget)].sum())
+        return Decision(budget=d.budget, predicted_step_seconds=st, predicted_theta=(num_req + top) / st)
 
     def _gate_verdict(self, d: Decision, planned: Decision, survival: np.ndarray, num_req: int,
                       full: int) -> bool:
