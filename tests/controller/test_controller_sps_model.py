@@ -380,5 +380,9 @@ def test_a_young_row_is_predicted_from_a_fit_that_saw_its_latest_steps():
     m.update(192, 600, truth(192, 600))
     m.sps_function(192)
     assert m.refits == before
+    # a young row's outlier (a warm-up step at a new batch size, 10x) is still clipped, at 2x
+    before, clipped = m.predict_step_time(128, 400), m.clipped
+    m.update(128, 400, 10.0 * before)
+    assert m.clipped == clipped + 1 and before < m.predict_step_time(128, 400) <= 2.0 * before + 1e-12
     with pytest.raises(ValueError, match="young_row_refit"):
         SpsModel(config=SpsModelConfig(young_row_refit=-1.0))

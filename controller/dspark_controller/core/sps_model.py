@@ -50,15 +50,16 @@ Python-scalar update). Where its B-bin is backed by data and the fit saw its R-b
 (``young_row_refit`` forgotten samples or more), a sample is Huber-clipped in log space
 against the current prediction at ``huber_k`` times a running robust scale, so a GC
 pause or a preempted step moves little; a *young* row's prediction is extrapolated from
-other loads, no evidence against a sample (and it moves neither the clip scale nor the
-drift factor). Every ``refit_every`` updates, on demand, and before a prediction at a
-young row that has steps the fit has not seen (so a load jump is priced from its own
-first steps, not for ``refit_every`` steps from the extrapolation), the cells are
-solved exactly for the weighted ridge least-squares additive fit (a Schur complement on
-the R-bins), thin bins are filled (below), jumps detected, segments smoothed, and the
-knots made non-decreasing by weighted pool-adjacent-violators: the predicted step time
-never falls when more tokens are verified. The result is a dense
-table of ``theta`` per integer B, so predictions are table lookups.
+other loads, weak evidence against a sample: it is clipped only beyond a factor of 2 (a
+warm-up step), and moves neither the clip scale nor the drift factor. Every
+``refit_every`` updates, on demand, and before a prediction at a young row that has
+steps the fit has not seen (so a load jump is priced from its own first steps, not for
+``refit_every`` steps from the extrapolation), the cells are solved exactly for the
+weighted ridge least-squares additive fit (a Schur complement on the R-bins), thin bins
+are filled (below), jumps detected, segments smoothed, and the knots made non-decreasing
+by weighted pool-adjacent-violators: the predicted step time never falls when more
+tokens are verified. The result is a dense table of ``theta`` per integer B, so
+predictions are table lookups.
 
 Thin data
 ---------
@@ -103,6 +104,7 @@ _STATE_FORMAT = 1
 _MIN_STEP_SECONDS = 1e-9
 _BELOW_FLOOR = 0.5              # a row's curve below its measured range: at least this share of the scaled fit
 _MAD_TO_SIGMA = 1.4826          # median |x| of a normal = 0.6745 sigma
+_YOUNG_ROW_CLIP = math.log(2.0)  # a young row's samples are clipped beyond 2x its extrapolated prediction
 
 
 @dataclass(frozen=True)
@@ -500,13 +502,18 @@ class SpsModel:
             if shape_pred > 0.0:
                 self._rel_err.append((scale_old * shape_pred - t) / t)
                 kb = int(self.knots[bb])
-                if self._known_b[bb] and self._row_fit_w[rb] >= cfg.young_row_refit:
+                if self._known_b[bb]:
                     # Huber in log space against the fitted curve, only where this bin is backed by
-                    # data and the fit saw this row (an extrapolated prediction, in B or in R, is no
-                    # evidence against a sample); the fit is robust to single-bin spikes by
-                    # construction (median of three)
+                    # data (an extrapolated prediction is no evidence against a sample); the fit is
+                    # robust to single-bin spikes by construction (median of three).  A young row's
+                    # prediction is extrapolated from other loads: its samples are clipped only
+                    # beyond a factor of _YOUNG_ROW_CLIP (a warm-up or preempted step), and move
+                    # neither the noise scale nor the drift factor
+                    young = self._row_fit_w[rb] < cfg.young_row_refit
                     log_r = math.log(y / shape_pred)
                     k = cfg.huber_k * max(_MAD_TO_SIGMA * self.rel_scale, 0.005)
+                    if young:
+                        k = max(k, _YOUNG_ROW_CLIP)
                     if log_r > k:
                         log_rc = k
                         self.clipped += 1
@@ -515,9 +522,10 @@ class SpsModel:
                         self.clipped += 1
                     else:
                         log_rc = log_r
-                    # running median of |log residual| (quantile tracking: outliers cannot inflate it)
-                    self.rel_scale *= 1.02 if abs(log_r) > self.rel_scale else 0.98
-                    if self._eta_scale > 0.0 and self.steps >= cfg.scale_warmup_steps:
+                    if not young:
+                        # running median of |log residual| (quantile tracking: outliers cannot inflate it)
+                        self.rel_scale *= 1.02 if abs(log_r) > self.rel_scale else 0.98
+                    if not young and self._eta_scale > 0.0 and self.steps >= cfg.scale_warmup_steps:
                         # the drift factor follows only a residual mean that is clearly non-zero, so
                         # without drift it stays put and the learned shape keeps consistent units
                         eta = self._eta_scale
@@ -875,8 +883,8 @@ class SpsModel:
         fewer than ``young_row_refit`` forgotten samples there: a young row's fit is
         extrapolated from other loads, and each of its first steps moves it most (a load
         jump to an unseen row otherwise plans up to ``refit_every`` steps on the
-        extrapolation; docs/worker.md, "Young rows").  At most one refit per step there, and
-        only until the row is measured."""
+        extrapolation; docs/worker.md, "Young rows").  At most one refit per step measured
+        there, and only until the row is measured."""
         if (not self._fit_valid or self._dirty >= self.config.refit_every
                 or (rb is not None and self._young_unfitted(rb))):
             self.refit()
