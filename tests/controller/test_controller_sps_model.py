@@ -338,8 +338,9 @@ def test_a_young_row_is_predicted_from_a_fit_that_saw_its_latest_steps():
     # a load jump: the profile measured 64 requests, then the batch grows to 192, where the
     # per-request cost is not what the 64-request row extrapolates to; the planner asks the
     # 192-request row for a price after each of its first steps.  A young row's samples are
-    # not Huber-clipped against that extrapolation, and its price comes from a fit that saw
-    # them; young_row_refit=0 is the old rule (clipped, refit every refit_every updates)
+    # Huber-clipped against that extrapolation only beyond 2x, and its price comes from a fit
+    # that saw them; young_row_refit=0 is the old rule (clipped at the noise scale, refit
+    # every refit_every updates)
     def truth(r, b):
         return 0.004 + 0.00012 * r + 0.0000004 * r * r + 0.00005 * b
 

@@ -877,20 +877,18 @@ class SpsModel:
                 out[s:e] = _local_linear(x[s:e], theta[s:e], np.maximum(w[s:e], 1e-6), half)
         return out
 
-    def _ensure_fit(self, rb: Optional[int] = None) -> None:
-        """Refit when the fit is missing or ``refit_every`` updates old, or (``rb``: the R-bin
-        about to be predicted) when that row has steps the fit has not seen and the fit saw
-        fewer than ``young_row_refit`` forgotten samples there: a young row's fit is
+    def _ensure_fit(self, rows: Iterable[int] = ()) -> None:
+        """Refit when the fit is missing or ``refit_every`` updates old, or when one of
+        ``rows`` (the R-bins about to be predicted) has steps the fit has not seen and the
+        fit saw fewer than ``young_row_refit`` forgotten samples there: a young row's fit is
         extrapolated from other loads, and each of its first steps moves it most (a load
         jump to an unseen row otherwise plans up to ``refit_every`` steps on the
         extrapolation; docs/worker.md, "Young rows").  At most one refit per step measured
         there, and only until the row is measured."""
         if (not self._fit_valid or self._dirty >= self.config.refit_every
-                or (rb is not None and self._young_unfitted(rb))):
+                or any(self._row_unfitted[rb] and self._row_fit_w[rb] < self.config.young_row_refit
+                       for rb in rows)):
             self.refit()
-
-    def _young_unfitted(self, rb: int) -> bool:
-        return self._row_unfitted[rb] and self._row_fit_w[rb] < self.config.young_row_refit
 
     # ------------------------------------------------------------------ predict
     def predict_step_time(self, num_requests: Any, batch_tokens: Any) -> Any:
@@ -904,7 +902,7 @@ class SpsModel:
             r = int(num_requests)
             b = int(batch_tokens)
             rb = self._r_bin[max(r, 0)] if r <= self._r_top else self.n_r - 1
-            self._ensure_fit(rb)
+            self._ensure_fit((rb,))
             s = math.exp(self.log_scale)
             top = self._b_top - 1
             if b <= top:
@@ -915,9 +913,7 @@ class SpsModel:
         rb = self._r_bin_np[np.clip(r, 0, self._r_top)]
         rb, b = np.broadcast_arrays(rb, b)
         rows = np.unique(rb).tolist()
-        self._ensure_fit()
-        if any(self._young_unfitted(row) for row in rows):
-            self.refit()
+        self._ensure_fit(rows)
         s = math.exp(self.log_scale)
         top = self._b_top - 1
         bc = np.clip(b, 1, top)
@@ -942,7 +938,7 @@ class SpsModel:
             return flat
         r = int(num_requests)
         rb = self._r_bin[max(r, 0)] if r <= self._r_top else self.n_r - 1
-        self._ensure_fit(rb)
+        self._ensure_fit((rb,))
         s = math.exp(self.log_scale)
         # this row's step times (additive fit plus the row's correction): replaced, never
         # mutated, by a refit, so safe to close over
@@ -1089,9 +1085,7 @@ class SpsModel:
         """JSON-able state (validated at the boundary by ``profile_file.SpsModelState``); its
         fit is the one every row's next prediction would use (young rows' latest steps in)."""
         if self.ready:
-            self._ensure_fit()
-            if any(self._young_unfitted(rb) for rb in range(self.n_r)):
-                self.refit()
+            self._ensure_fit(range(self.n_r))
         cells: list[list[float]] = []
         if include_cells:
             W = self._decayed_weights()
