@@ -817,6 +817,41 @@ def test_the_admission_gain_moves_the_ragged_budget_and_the_plan_keeps_the_forec
     assert low.decide(surv, max_len=4).budget < 2
 
 
+def test_a_controller_planned_budget_is_chosen_on_the_admitted_survival_and_teaches_the_gain():
+    """A controller-planned step's K (the fleet's curve, planned here) is chosen on the
+    survival scaled by the admission gain as a local plan's is, with the unscaled forecast
+    as its price; and a ragged one's realised drafts teach the gain, so a worker that
+    follows a controller learns it too (before, controller at 256 users in the simulator verified
+    0.6-1.1 drafts per request where the oracle verified 1.4)."""
+    from dspark_controller.core.strategies import ADMISSION_MIN_STEPS
+
+    model = _ragged_model()                     # the fleet's curve and the local profile
+    surv = _rows([[0.9, 0.9, 0.8, 0.5]])        # survival 0.9, 0.81, 0.648, 0.324
+    cfg = dict(explore_prob_young=0.0, explore_prob=0.0, explore_prob_settled=0.0, probe=False)
+    d = _controller_decision(model)
+    pol = BudgetPolicy(local_model=model, config=_old(admission=True, **cfg), latest_decision=lambda _a: d,
+                       fleet_model=lambda: model)
+    assert pol.decide(surv, max_len=4).budget == 2 and pol.last_source == "controller"
+    for _ in range(ADMISSION_MIN_STEPS):        # controller-planned steps that accepted 30% more
+        pol.observe_step(survival=None, accepted=[13], verified=None, pred_drafts=10.0, uniform=False,
+                         step_s=0.04, source="controller")
+    assert abs(pol.admission.factor(uniform=False) - 1.3) < 1e-9
+    for _ in range(ADMISSION_MIN_STEPS):        # its uniform-path steps teach only the local plans' gain
+        pol.observe_step(survival=None, accepted=[5], verified=None, pred_drafts=10.0, uniform=True,
+                         step_s=0.04, source="controller")
+    assert pol.admission.factor(uniform=True) == 1.0
+    out = pol.decide(surv, max_len=4)
+    assert pol.last_source == "controller" and out.budget == 3   # x1.3: 3.84 / 50 ms beats 3.0 / 40 ms
+    t3 = float(model.predict_step_time(1, 4))
+    assert out.predicted_theta == pytest.approx((1 + 0.9 + 0.81 + 0.648) / t3)   # unscaled
+    # an SLA floor plans on the unscaled survival (its floor is a promise on the forecast)
+    floor = _controller_decision(model, mode="sla")
+    floor.policy.floor_tok_s = 1.0
+    sla = BudgetPolicy(local_model=model, config=_old(admission=True, **cfg), latest_decision=lambda _a: floor)
+    sla.admission = pol.admission
+    assert sla.decide(surv, max_len=4).budget == 2
+
+
 def test_ragged_time_prices_the_ragged_plan_on_what_its_steps_took():
     """strategies.RaggedTime: predicted over realised seconds of the local ragged plans, per
     R, 1 until enough steps there; the uniform comparison scales the ragged plan's tokens/s

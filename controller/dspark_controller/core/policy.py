@@ -43,8 +43,9 @@ Strategies, each with its constants in :class:`PolicyConfig` and an off switch:
 * **no-draft steps** -- each priced local plan votes on plain decoding against its own
   expected tokens/s (under a controller's budgets too, unless the operator pinned its
   policy: the no-draft time is this engine's; a controller-planned step is then priced
-  like a local plan, so what it realised counts in the realised rate below, though not in
-  the admission gain or the ragged-time correction), and a :class:`.no_draft.DraftGate`
+  like a local plan, so what it realised counts in the realised rate below and, for a
+  ragged budget, in the ragged admission gain, though not in the uniform path's gain or
+  the ragged-time correction), and a :class:`.no_draft.DraftGate`
   with hysteresis turns the votes into drafting or not; off steps are also run on a small
   share of steps to measure their time where it is unknown (``off_probe_prob_unknown``)
   or known (``off_probe_prob``),
@@ -662,8 +663,8 @@ class BudgetPolicy:
         """What a controller-planned step ``d`` is expected to realise, priced as a local
         plan is (the local profile's step time, or the uniform path's measured one for a
         full budget; drafts scaled by the admission gain), so that its outcome teaches the
-        gate what drafting realises at this R (:meth:`_observe_realised`; not the
-        admission gain or the ragged-time correction, :meth:`observe_step`).  Without it
+        gate what drafting realises at this R (:meth:`_observe_realised`) and, for a
+        ragged budget, the ragged admission gain (:meth:`observe_step`).  Without it
         a worker following a controller voted on the plan's price alone: on ``deep-weak``
         at one request, where drafting paid 1.13x, it stopped and restarted drafting 5
         times in 6 chunks.  Nothing when ``d`` carries no plan (exploration, verify-all,
@@ -695,16 +696,19 @@ class BudgetPolicy:
         return planned, self._uniform_over_off(d, planned, survival, num_req, full)
 
     def _ragged_plan(self, survival: np.ndarray, num_req: int) -> Decision:
-        """The best ragged budget on the local profile.  With the admission gain on, K is
-        chosen on the survival scaled by what the ragged plans' steps realised over what they
-        predicted (:class:`.strategies.AdmissionGain`; clipped at 1): SGLang admits a
-        budget's drafts by their live confidences, so the K it admits accept more than the
-        lagged forecast's top K, most of all at the margin, where the plan trades one more
-        draft against its cost.  The plan keeps the unscaled forecast's price (what the
-        gain compares realised drafts with, and what the uniform gate and the votes scale
-        by it).  docs/worker.md ("Where budgets come from", source 4) has the simulator
-        figures."""
-        sps = self.local_model.sps_function(num_req)
+        """The best ragged budget on the local profile (:meth:`_admitted_argmax`)."""
+        return self._admitted_argmax(survival, self.local_model.sps_function(num_req))
+
+    def _admitted_argmax(self, survival: np.ndarray, sps: Any) -> Decision:
+        """The best ragged budget on the curve ``sps`` (the local profile's, or the fleet's
+        for a controller-planned step).  With the admission gain on, K is chosen on the
+        survival scaled by what planned ragged steps realised over what they predicted
+        (:class:`.strategies.AdmissionGain`; clipped at 1): SGLang admits a budget's drafts
+        by their live confidences, so the K it admits accept more than the lagged forecast's
+        top K, most of all at the margin, where the plan trades one more draft against its
+        cost.  The plan keeps the unscaled forecast's price (what the gain compares realised
+        drafts with, and what the uniform gate and the votes scale by it).  docs/worker.md
+        ("Where budgets come from", source 4) has the simulator figures."""
         g = 1.0 if self.admission is None else self.admission.factor(uniform=False)
         if g == 1.0:
             return self._argmax(survival, sps)
@@ -712,6 +716,7 @@ class BudgetPolicy:
         st = d.predicted_step_seconds
         if not st:
             return d
+        num_req = int(survival.shape[0])
         top = float(np.sort(clean_survival(survival), axis=None)[::-1][:int(d.budget)].sum())
         return Decision(budget=d.budget, predicted_step_seconds=st, predicted_theta=(num_req + top) / st)
 
@@ -821,7 +826,8 @@ class BudgetPolicy:
     def _from_controller(self, d: Any, survival: np.ndarray, num_req: int, full: int) -> Optional[Decision]:
         # the fleet's learned curve is planned here with this step's calibrated survival
         r = budget_from_controller(d, num_req=num_req, full=full, rng=self._rng,
-                                   plan=lambda sps, floor: self._argmax(survival, sps, sla_floor=floor),
+                                   plan=lambda sps, floor: (self._admitted_argmax(survival, sps) if floor is None
+                                                            else self._argmax(survival, sps, sla_floor=floor)),
                                    fleet=self.fleet_model() if self.fleet_model is not None else None)
         if r is None:
             return None
@@ -870,8 +876,9 @@ class BudgetPolicy:
         plan's step also teaches the gate what drafting realises) and ``pred_ragged_s`` the
         seconds a ragged plan's local profile predicted (:attr:`last_pred_ragged_s` at the
         time; :class:`RaggedTime`); ``source`` who chose its budget (:attr:`last_source` at
-        the time): a controller-planned step teaches only the gate's realised rate, not
-        the admission gain or the ragged-time correction, which correct the local plans."""
+        the time): a controller-planned step teaches the gate's realised rate and, when
+        ragged, the ragged admission gain (its K is chosen on it too), not the uniform
+        path's gain or the ragged-time correction, which correct the local plans."""
         if pred_drafts is not None and accepted is not None and step_s and step_s > 0 and len(accepted):
             self._observe_realised(len(accepted), len(accepted) + int(sum(accepted)), float(step_s), bool(uniform))
             if self.ragged_time is not None and not uniform and source != "controller":
@@ -880,5 +887,5 @@ class BudgetPolicy:
                 and self.calibrator is not None):
             self.calibrator.observe(survival, accepted, verified)
         if pred_drafts is not None and accepted is not None and self.admission is not None \
-                and source != "controller":
+                and (source != "controller" or not uniform):
             self.admission.observe(pred_drafts, float(sum(accepted)), uniform=uniform)

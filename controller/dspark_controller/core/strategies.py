@@ -281,9 +281,9 @@ class AdmissionGain:
     (:func:`prefer_uniform`) are thus off by different amounts (the CPU bench pair's
     worker benchmark ended with 1.035 for ragged and 0.858 for uniform steps).  This keeps,
     per kind of step, forgotten sums of the predicted and the realised accepted drafts of
-    the steps the local policy planned, and :func:`admitted_theta` scales each side's
-    expected drafts by its own ratio.  Lossless: it learns only from steps already
-    verified."""
+    the planned steps (local plans, and controller-planned ragged steps), and
+    :func:`admitted_theta` scales each side's expected drafts by its own ratio.  Lossless:
+    it learns only from steps already verified."""
 
     def __init__(self, *, half_life: float = ADMISSION_HALF_LIFE, min_steps: int = ADMISSION_MIN_STEPS) -> None:
         self.decay = 0.5 ** (1.0 / float(half_life))
