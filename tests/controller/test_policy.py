@@ -852,6 +852,27 @@ def test_a_controller_planned_budget_is_chosen_on_the_admitted_survival_and_teac
     assert sla.decide(surv, max_len=4).budget == 2
 
 
+def test_a_capped_controller_budget_carries_the_price_of_the_k_that_runs():
+    """Under a controller's ``max_budget_tokens`` the plan is the best K within the cap, and
+    the decision carries that K's predicted step time and tokens/s, which the admission gain
+    and the gate's realised rate compare the step's outcome with (before, a capped K carried
+    the uncapped plan's price: 4 drafts' tokens over 2 drafts' step)."""
+    cheap = SpsModel()                          # the fleet's curve: drafts nearly free
+    for _ in range(20):
+        for b in range(1, 6):
+            cheap.update(1, b, 0.010 + 0.0005 * (b - 1))
+    surv = _rows([[0.9, 0.9, 0.8, 0.5]])        # survival 0.9, 0.81, 0.648, 0.324
+    cfg = _old(explore_prob_young=0.0, explore_prob=0.0, explore_prob_settled=0.0, probe=False)
+    for cap, want in ((None, 4), (2, 2), (0, 0)):
+        d = _controller_decision(cheap, max_budget_tokens=cap)
+        pol = BudgetPolicy(local_model=None, config=cfg, latest_decision=lambda _a: d, fleet_model=lambda: cheap)
+        out = pol.decide(surv, max_len=4)
+        assert pol.last_source == "controller" and out.budget == want, cap
+        t = float(cheap.predict_step_time(1, 1 + want))
+        assert out.predicted_step_seconds == pytest.approx(t), cap
+        assert out.predicted_theta == pytest.approx((1 + float(np.sort(surv[0])[::-1][:want].sum())) / t), cap
+
+
 def test_ragged_time_prices_the_ragged_plan_on_what_its_steps_took():
     """strategies.RaggedTime: predicted over realised seconds of the local ragged plans, per
     R, 1 until enough steps there; the uniform comparison scales the ragged plan's tokens/s

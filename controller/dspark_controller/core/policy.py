@@ -699,9 +699,9 @@ class BudgetPolicy:
         """The best ragged budget on the local profile (:meth:`_admitted_argmax`)."""
         return self._admitted_argmax(survival, self.local_model.sps_function(num_req))
 
-    def _admitted_argmax(self, survival: np.ndarray, sps: Any) -> Decision:
-        """The best ragged budget on the curve ``sps`` (the local profile's, or the fleet's
-        for a controller-planned step).  With the admission gain on, K is chosen on the
+    def _admitted_argmax(self, survival: np.ndarray, sps: Any, max_tokens: Optional[int] = None) -> Decision:
+        """The best ragged budget of at most ``max_tokens`` (None: any) on the curve ``sps``
+        (the local profile's, or the fleet's for a controller-planned step).  With the admission gain on, K is chosen on the
         survival scaled by what planned ragged steps realised over what they predicted
         (:class:`.strategies.AdmissionGain`; clipped at 1): SGLang admits a budget's drafts
         by their live confidences, so the K it admits accept more than the lagged forecast's
@@ -711,8 +711,8 @@ class BudgetPolicy:
         ("Where budgets come from", source 4) has the simulator figures."""
         g = 1.0 if self.admission is None else self.admission.factor(uniform=False)
         if g == 1.0:
-            return self._argmax(survival, sps)
-        d = self._argmax(np.minimum(survival * g, 1.0), sps)
+            return self._argmax(survival, sps, max_tokens=max_tokens)
+        d = self._argmax(np.minimum(survival * g, 1.0), sps, max_tokens=max_tokens)
         st = d.predicted_step_seconds
         if not st:
             return d
@@ -826,8 +826,9 @@ class BudgetPolicy:
     def _from_controller(self, d: Any, survival: np.ndarray, num_req: int, full: int) -> Optional[Decision]:
         # the fleet's learned curve is planned here with this step's calibrated survival
         r = budget_from_controller(d, num_req=num_req, full=full, rng=self._rng,
-                                   plan=lambda sps, floor: (self._admitted_argmax(survival, sps) if floor is None
-                                                            else self._argmax(survival, sps, sla_floor=floor)),
+                                   plan=lambda sps, floor, cap: (
+                                       self._admitted_argmax(survival, sps, max_tokens=cap) if floor is None
+                                       else self._argmax(survival, sps, sla_floor=floor, max_tokens=cap)),
                                    fleet=self.fleet_model() if self.fleet_model is not None else None)
         if r is None:
             return None
@@ -846,11 +847,13 @@ class BudgetPolicy:
         return out
 
     @staticmethod
-    def _argmax(survival: np.ndarray, sps: Any, sla_floor: Optional[float] = None) -> Decision:
+    def _argmax(survival: np.ndarray, sps: Any, sla_floor: Optional[float] = None,
+                max_tokens: Optional[int] = None) -> Decision:
         if sla_floor is None:   # the hot path: same K as compute_lagged_budget, fewer host ops
-            k, theta, s = lagged_budget_fast(clean_survival(survival), sps)
+            k, theta, s = lagged_budget_fast(clean_survival(survival), sps, max_tokens=max_tokens)
             return Decision(budget=k, predicted_step_seconds=(1.0 / s) if s > 0 else None, predicted_theta=theta)
-        lb = compute_lagged_budget(survival_to_confidences(survival), sps, sla_floor=sla_floor)
+        lb = compute_lagged_budget(survival_to_confidences(survival), sps, sla_floor=sla_floor,
+                                   max_tokens=max_tokens)
         s = float(sps(lb.batch_tokens)) if lb.batch_tokens else 0.0
         return Decision(budget=int(lb.budget_tokens), predicted_step_seconds=(1.0 / s) if s > 0 else None,
                         predicted_theta=float(lb.predicted_throughput))

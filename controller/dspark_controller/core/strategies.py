@@ -487,15 +487,16 @@ def controller_allows_uniform(d: Any) -> bool:
 
 
 def budget_from_controller(d: Any, *, num_req: int, full: int, rng: Any,
-                           plan: Callable[[SpsFn, Optional[float]], Any],
+                           plan: Callable[[SpsFn, Optional[float], int], Any],
                            fleet: Any = None) -> Optional[tuple[int, Any]]:
     """K from a fresh controller decision ``d``, or None when it says nothing for this batch.
 
     Order: exploration coin, verify-all, a ``fixed`` policy's fraction, the controller's
     learned curve planned here with this step's per-request survival (``plan(sps,
-    sla_floor)``, whose result is returned beside K), the controller's fraction while no
+    sla_floor, cap)``, whose result is returned beside K), the controller's fraction while no
     curve has arrived, its K if it was computed for this batch size. ``max_budget_tokens``
-    caps everything but verify-all. The curve is the ``fleet`` model's when it is given and
+    caps everything but verify-all; a planned K is the best one within the cap, so the plan
+    returned beside it prices the K that runs. The curve is the ``fleet`` model's when it is given and
     ready (the controller's whole profile, rebuilt from its ProfileUpdate), else the
     decision's SGLang tables.
     """
@@ -512,7 +513,7 @@ def budget_from_controller(d: Any, *, num_req: int, full: int, rng: Any,
     if sps is None and d.budget_frac is not None:
         return min(cap, fraction_budget(d.budget_frac, full)), None
     if sps is not None:
-        out = plan(sps, getattr(d.policy, "floor_tok_s", None) if mode == "sla" else None)
+        out = plan(sps, getattr(d.policy, "floor_tok_s", None) if mode == "sla" else None, cap)
         return min(cap, int(out.budget)), out
     if d.budget_tokens is not None and int(d.num_requests) == num_req:
         return min(cap, int(d.budget_tokens)), None
