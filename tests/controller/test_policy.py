@@ -718,27 +718,33 @@ def test_uniform_times_follow_the_profiles_drift_factor_not_its_refits():
 
 def test_probe_budget_steps_to_a_neighbour_on_a_small_share_of_steps():
     """planner.probe_budget: PROBE_PROB of the steps, half up and half down by PROBE_STEP of
-    the draft tokens, clipped to the ragged budgets; from a full budget only down; one draw."""
+    the draft tokens but at most PROBE_MAX_PER_REQUEST drafts per request, clipped to the
+    ragged budgets; from a full budget only down; one draw."""
     import random
 
-    from dspark_controller.core.strategies import PROBE_PROB, PROBE_STEP, probe_budget
+    from dspark_controller.core.strategies import PROBE_MAX_PER_REQUEST, PROBE_PROB, PROBE_STEP, probe_budget
 
     rng = random.Random(1)
-    n, full, k = 20000, 128, 40
-    got = [probe_budget(k, full=full, rng=rng) for _ in range(n)]
+    n, full, k, R = 20000, 128, 40, 32          # gamma 4: a quarter of the drafts is one per request
+    got = [probe_budget(k, full=full, num_req=R, rng=rng) for _ in range(n)]
     probes = [x for x in got if x is not None]
     assert abs(len(probes) / n - PROBE_PROB) < 0.01
     delta = int(round(PROBE_STEP * full))
+    assert delta == int(PROBE_MAX_PER_REQUEST * R)
     assert set(probes) == {k - delta, k + delta}
     assert abs(sum(x > k for x in probes) / len(probes) - 0.5) < 0.08
-    assert probe_budget(5, full=128, rng=_Draws(0.04)) == 0                 # down, clipped
-    assert probe_budget(120, full=128, rng=_Draws(0.001)) == 127            # ... and to a ragged budget
-    assert probe_budget(128, full=128, rng=_Draws(0.001)) == 128 - delta    # "up" from full: down
-    assert probe_budget(3, full=4, rng=_Draws(0.001)) is None               # no neighbour: 3 + 1 -> 3
-    assert probe_budget(0, full=1, rng=_Draws(0.0)) is None
-    assert probe_budget(40, full=128, rng=_Draws(PROBE_PROB)) is None
+    assert probe_budget(5, full=128, num_req=R, rng=_Draws(0.04)) == 0                 # down, clipped
+    assert probe_budget(120, full=128, num_req=R, rng=_Draws(0.001)) == 127            # ... and to a ragged budget
+    assert probe_budget(128, full=128, num_req=R, rng=_Draws(0.001)) == 128 - delta    # "up" from full: down
+    assert probe_budget(3, full=4, num_req=1, rng=_Draws(0.001)) is None               # no neighbour: 3 + 1 -> 3
+    assert probe_budget(0, full=1, num_req=1, rng=_Draws(0.0)) is None
+    assert probe_budget(40, full=128, num_req=R, rng=_Draws(PROBE_PROB)) is None
+    # gamma 7 at 64 requests: a quarter of the drafts would be 1.75 per request; one per request
+    assert probe_budget(120, full=448, num_req=64, rng=_Draws(0.001)) == 120 + 64
+    assert probe_budget(120, full=448, num_req=64, rng=_Draws(0.04), max_per_request=0.5) == 120 - 32
+    assert probe_budget(2, full=14, num_req=2, rng=_Draws(0.001)) == 2 + 2               # round(3.5) capped at 2
     d = _Draws(0.5)
-    probe_budget(40, full=128, rng=d)
+    probe_budget(40, full=128, num_req=R, rng=d)
     assert d.calls == 1
 
 

@@ -37,7 +37,7 @@ Strategies, each with its constants in :class:`PolicyConfig` and an off switch:
 * **admission gain** -- that comparison scales each side's expected accepted drafts by
   what such steps realised (:class:`.strategies.AdmissionGain`), and the ragged budget is
   chosen on the survival scaled by the ragged steps' factor (:meth:`BudgetPolicy._ragged_plan`);
-* **probes** -- a small share of the local ragged choices move by a fixed step, so the
+* **probes** -- a small share of the local ragged choices move by a bounded step, so the
   profile's row learns its own slope around the choice (:func:`.strategies.probe_budget`; a
   full budget is not probed: the boundary re-checks measure the ragged plans near it);
 * **no-draft steps** -- each priced local plan votes on plain decoding against its own
@@ -80,7 +80,7 @@ import numpy as np
 
 from dspark_controller.core.no_draft import DraftGate, GateConfig, OffTimes, StepGaps, off_wins, per_period
 from dspark_controller.core.method import (clean_survival, clip01, compute_lagged_budget, lagged_budget_fast, survival_to_confidences)
-from dspark_controller.core.strategies import (PROBE_PROB, PROBE_STEP, AdmissionGain, RaggedTime, _operator_pinned, admitted_theta, budget_from_controller, controller_allows_uniform, explore_budget, explore_now, local_theta, prefer_uniform, probe_budget, uniform_settled, uniform_throughput)
+from dspark_controller.core.strategies import (PROBE_MAX_PER_REQUEST, PROBE_PROB, PROBE_STEP, AdmissionGain, RaggedTime, _operator_pinned, admitted_theta, budget_from_controller, controller_allows_uniform, explore_budget, explore_now, local_theta, prefer_uniform, probe_budget, uniform_settled, uniform_throughput)
 
 __all__ = ["PolicyConfig", "Decision", "SurvivalCalibrator", "BudgetPolicy"]
 
@@ -112,6 +112,7 @@ class PolicyConfig:
     probe: bool = True
     probe_prob: float = PROBE_PROB
     probe_step: float = PROBE_STEP
+    probe_max_per_request: float = PROBE_MAX_PER_REQUEST
     # the uniform-path comparison and its correction
     uniform_gate: bool = True
     admission: bool = True
@@ -136,6 +137,8 @@ class PolicyConfig:
             v = getattr(self, name)
             if not 0.0 <= float(v) <= 1.0:
                 raise ValueError(f"PolicyConfig.{name} must be in [0, 1], got {v!r}")
+        if not self.probe_max_per_request > 0:
+            raise ValueError(f"PolicyConfig.probe_max_per_request must be > 0, got {self.probe_max_per_request!r}")
         if not self.decision_max_age_s > 0:
             raise ValueError(f"PolicyConfig.decision_max_age_s must be > 0, got {self.decision_max_age_s!r}")
         if int(self.measure_full_steps) < 0:
@@ -639,7 +642,8 @@ class BudgetPolicy:
         if self._gate_verdict(d, planned, survival, num_req, full):
             return self._note("measure", Decision(budget=full))
         if cfg.probe and int(d.budget) < full:   # a full budget: the re-checks of prefer_uniform
-            k2 = probe_budget(int(d.budget), full=full, rng=self._rng, prob=cfg.probe_prob, step=cfg.probe_step)
+            k2 = probe_budget(int(d.budget), full=full, num_req=num_req, rng=self._rng, prob=cfg.probe_prob,
+                              step=cfg.probe_step, max_per_request=cfg.probe_max_per_request)
             if k2 is not None:      # a neighbouring budget, so the row's slope is its own
                 return self._note("probe", Decision(budget=k2))
         tokens = (None if planned.predicted_theta is None or not planned.predicted_step_seconds

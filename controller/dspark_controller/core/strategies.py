@@ -235,30 +235,33 @@ def explore_budget(model: Any, *, num_req: int, full: int, rng: Any, survival: A
 
 
 PROBE_PROB = 0.05      # share of the local policy's steps that probe a neighbouring budget
-PROBE_STEP = 0.25      # ... a quarter of all draft tokens above or below the chosen one
+PROBE_STEP = 0.25      # ... a quarter of all draft tokens above or below the chosen one,
+PROBE_MAX_PER_REQUEST = 1.0   # ... at most this many drafts per request
 
 
-def probe_budget(k: int, *, full: int, rng: Any, prob: float = PROBE_PROB,
-                 step: float = PROBE_STEP) -> Optional[int]:
+def probe_budget(k: int, *, full: int, num_req: int, rng: Any, prob: float = PROBE_PROB,
+                 step: float = PROBE_STEP, max_per_request: float = PROBE_MAX_PER_REQUEST) -> Optional[int]:
     """A neighbouring budget for this step instead of the policy's ``k``, or None (most steps).
 
     The profile decides by the slope of step time in B around the budget it chose, and its
     steps pile up at that budget: the neighbouring cells of the row are measured only by
     the rare exploration steps, so the slope there would mostly be the additive fit's, set
     by other rows.  So on ``PROBE_PROB`` of the steps the policy runs ``k`` plus or minus
-    ``PROBE_STEP`` of the draft tokens (half each way, clipped to the ragged budgets
-    ``[0, full - 1]``; from a full budget, down): the row's own cells on both sides of the
-    choice fill, the row correction follows them, and the choice moves along.  Near the
-    optimum such a step costs little (second order in the step).  One ``rng.random()``
-    draw (the benchmark behind the rule: docs/worker.md, source 4).  Worker and simulator
-    share it."""
+    ``PROBE_STEP`` of the draft tokens, at most ``PROBE_MAX_PER_REQUEST`` drafts per request
+    of the ``num_req`` (half each way, clipped to the ragged budgets ``[0, full - 1]``; from a
+    full budget, down): the row's own cells on both sides of the choice fill, the row
+    correction follows them, and the choice moves along.  Near the optimum such a step
+    costs little (second order in the step), so it is bounded per request: a quarter of
+    gamma 7's drafts (1.75 per request) cost the simulator's 64-user probes 28% of their
+    steps' throughput.  One ``rng.random()`` draw (the benchmarks behind the rule:
+    docs/worker.md, source 4).  Worker and simulator share it."""
     full = int(full)
     if full < 2:
         return None
     u = float(rng.random())
     if u >= prob:
         return None
-    delta = max(1, int(round(step * full)))
+    delta = max(1, int(round(min(step * full, max_per_request * int(num_req)))))
     up = u < 0.5 * prob and int(k) < full
     k2 = int(k) + delta if up else int(k) - delta
     k2 = min(max(k2, 0), full - 1)
