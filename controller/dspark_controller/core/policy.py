@@ -705,7 +705,8 @@ class BudgetPolicy:
 
     def _admitted_argmax(self, survival: np.ndarray, sps: Any, max_tokens: Optional[int] = None) -> Decision:
         """The best ragged budget of at most ``max_tokens`` (None: any) on the curve ``sps``
-        (the local profile's, or the fleet's for a controller-planned step).  With the admission gain on, K is chosen on the
+        (the local profile's, or the fleet's for a controller-planned step).  With the
+        admission gain on, K is chosen on the
         survival scaled by what planned ragged steps realised over what they predicted
         (:class:`.strategies.AdmissionGain`; clipped at 1): SGLang admits a budget's drafts
         by their live confidences, so the K it admits accept more than the lagged forecast's

@@ -251,9 +251,8 @@ def probe_budget(k: int, *, full: int, num_req: int, rng: Any, prob: float = PRO
     of the ``num_req`` (half each way, clipped to the ragged budgets ``[0, full - 1]``; from a
     full budget, down): the row's own cells on both sides of the choice fill, the row
     correction follows them, and the choice moves along.  Near the optimum such a step
-    costs little (second order in the step), so it is bounded per request: a quarter of
-    gamma 7's drafts (1.75 per request) cost the simulator's 64-user probes 28% of their
-    steps' throughput.  One ``rng.random()`` draw (the benchmarks behind the rule:
+    costs little (second order in the step), which is why it is bounded per request
+    whatever gamma is.  One ``rng.random()`` draw (the benchmarks behind the rule:
     docs/worker.md, source 4).  Worker and simulator share it."""
     full = int(full)
     if full < 2:
