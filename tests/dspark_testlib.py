@@ -12,6 +12,16 @@ JOB = ROOT / "tests" / "engine_job.py"
 TEST_ONLY_ENV = ("SGLANG_USE_CPU_ENGINE", "TRITON_INTERPRET", "SGLANG_RAGGED_VERIFY_MODE")
 
 
+def load_benchmark(name: str):
+    """``benchmarks/<name>.py`` imported as a module (the benchmarks are scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test", ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def user_env() -> dict:
     """This process's environment without :data:`TEST_ONLY_ENV`: what a user's command sees."""
     return {k: v for k, v in os.environ.items() if k not in TEST_ONLY_ENV}

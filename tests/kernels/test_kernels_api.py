@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,6 +12,7 @@ import pytest
 import torch
 
 from dspark_kernel_testutil import make_inputs
+from dspark_testlib import load_benchmark
 from dspark_kernels import ENV_VAR, select_backend, sequential_head
 from dspark_kernels.triton_seq_head import plan_launch
 
@@ -124,10 +124,7 @@ def test_gpu_bench_script_cpu_smoke(tmp_path):
 
 
 def _host_bench():
-    spec = importlib.util.spec_from_file_location("gpu_bench_host", REPO / "benchmarks" / "gpu_bench_host.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_bench_host")
 
 
 def test_gpu_bench_summary_fails_on_a_failed_or_missing_part(tmp_path, capsys):

@@ -2,21 +2,15 @@
 never stabilized, it names the round and the two ways out, and the fact it rests on (SGLang's
 step recorder keeps no step longer than 1 s) is read from the pinned SGLang itself."""
 
-import importlib.util
 import inspect
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "upstream_table.py"
+from dspark_testlib import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def ut():
-    spec = importlib.util.spec_from_file_location("upstream_table_under_test", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("upstream_table")
 
 
 def test_the_hint_rests_on_sglangs_one_second_step_limit():

@@ -2,20 +2,13 @@
 verified tokens per request from SGLang's meta_info when a server mixes ragged steps
 (which report a cap length) with uniform full-budget steps (which do not)."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "worker_bench.py"
+from dspark_testlib import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def wb():
-    spec = importlib.util.spec_from_file_location("worker_bench_under_test", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("worker_bench")
 
 
 def test_uniform_rounds_count_as_full_budget(wb):
