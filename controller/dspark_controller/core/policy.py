@@ -706,12 +706,11 @@ class BudgetPolicy:
     def _admitted_argmax(self, survival: np.ndarray, sps: Any, max_tokens: Optional[int] = None) -> Decision:
         """The best ragged budget of at most ``max_tokens`` (None: any) on the curve ``sps``
         (the local profile's, or the fleet's for a controller-planned step).  With the
-        admission gain on, K is chosen on the
-        survival scaled by what planned ragged steps realised over what they predicted
-        (:class:`.strategies.AdmissionGain`; clipped at 1): SGLang admits a budget's drafts
-        by their live confidences, so the K it admits accept more than the lagged forecast's
-        top K, most of all at the margin, where the plan trades one more draft against its
-        cost.  The plan keeps the unscaled forecast's price (what the gain compares realised
+        admission gain on, K is chosen on the survival scaled by what planned ragged steps
+        realised over what they predicted (:class:`.strategies.AdmissionGain`; clipped at
+        1): SGLang admits a budget's drafts by their live confidences, so the K it admits
+        accept more than the lagged forecast's top K, most of all at the margin, where the
+        plan trades one more draft against its cost.  The plan keeps the unscaled forecast's price (what the gain compares realised
         drafts with, and what the uniform gate and the votes scale by it).  docs/worker.md
         ("Where budgets come from", source 4) has the simulator figures."""
         g = 1.0 if self.admission is None else self.admission.factor(uniform=False)
