@@ -132,6 +132,62 @@ def test_thin_data_without_prior_is_conservative():
     assert any(lo <= 300 < hi for lo, hi in m.thin_bins())
 
 
+def test_a_gap_between_known_bins_is_priced_at_the_cheapest_convex_curve():
+    # a roofline: flat (memory-bound) up to the knee at B = 200, then 0.1 ms per token;
+    # only B = 60-80 and B = 280-320 are measured, so the knee lies in an unmeasured gap
+    def roofline(B):
+        return max(0.020, 1e-4 * B)
+
+    m = SpsModel()
+    rng = np.random.default_rng(3)
+    for _ in range(600):
+        B = int(rng.integers(60, 80)) if rng.random() < 0.5 else int(rng.integers(280, 320))
+        m.update(64, B, roofline(B))
+    chord = np.interp([150, 200, 240], [79, 280], [roofline(79), roofline(280)])
+    for B, above_chord in zip((150, 200, 240), chord):
+        # the truth, not the chord (which prices the knee 20% dear and the flat side up to 27%)
+        assert m.predict_step_time(64, B) == pytest.approx(roofline(B), rel=0.03)
+        assert m.predict_step_time(64, B) <= above_chord
+    # a concave gap keeps at most the chord, never more: measured once, it is corrected
+    m2 = SpsModel()
+    for _ in range(600):
+        B = int(rng.integers(60, 80)) if rng.random() < 0.5 else int(rng.integers(280, 320))
+        m2.update(64, B, 0.01 * math.sqrt(B))
+    assert m2.predict_step_time(64, 200) <= np.interp(200, [79, 280], [0.01 * math.sqrt(79), 0.01 * math.sqrt(280)])
+    for _ in range(40):
+        m2.update(64, 200, 0.01 * math.sqrt(200))
+    assert m2.predict_step_time(64, 200) == pytest.approx(0.01 * math.sqrt(200), rel=0.02)
+
+
+def test_pool_adjacent_violators_matches_its_definition():
+    from dspark_controller.core.sps_model import _pav_nondecreasing
+
+    def reference(y, w):              # merge the first violating pair until none is left
+        blocks = [[float(v), float(u), 1] for v, u in zip(y, w)]
+        i = 0
+        while i < len(blocks) - 1:
+            if blocks[i][0] > blocks[i + 1][0]:
+                (v1, w1, c1), (v2, w2, c2) = blocks[i], blocks.pop(i + 1)
+                blocks[i] = [(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, c1 + c2]
+                i = max(i - 1, 0)
+            else:
+                i += 1
+        return np.repeat([b[0] for b in blocks], [b[2] for b in blocks])
+
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 5, 40, 300):
+        y = np.cumsum(rng.normal(0.1, 1.0, n))
+        w = rng.uniform(0.1, 5.0, n)
+        got = _pav_nondecreasing(y, w)
+        np.testing.assert_allclose(got, reference(y, w), rtol=1e-12)
+        assert np.all(np.diff(got) >= 0)
+        # weighted means are kept: the fit is an isotonic projection
+        assert float((got * w).sum()) == pytest.approx(float((y * w).sum()), rel=1e-9)
+    ordered = np.sort(rng.normal(size=50))
+    out = _pav_nondecreasing(ordered, np.ones(50))
+    assert np.array_equal(out, ordered) and out is not ordered
+
+
 def test_extrapolation_above_the_data_follows_a_linear_curve():
     m = SpsModel()
     rng = np.random.default_rng(1)

@@ -68,8 +68,12 @@ A B-bin is *known* once its effective weight reaches ``min_bin_weight``.
 * With a prior (a profile loaded from file, or an SGLang table): every bin is a weighted
   blend of its data and the prior, the prior counting ``prior_weight`` pseudo-samples;
   bins without data follow the prior (times the drift factor).
-* Without a prior (documented conservative behaviour): unknown bins between known ones
-  are linearly interpolated; below the smallest known bin the step time is held flat (no
+* Without a prior: unknown bins between known ones get the cheapest step time a
+  non-decreasing, convex curve allows there (the left bin's time, or the right bin's
+  less the slope of the known bins to its right, whichever is more; at most the
+  chord: :meth:`SpsModel._fill_gaps_optimistically`), so a gap that may hide a roofline's knee is priced as if it did, and the
+  planner visits it and measures it (a gap priced at the chord, dearer than any convex
+  truth, is never visited); below the smallest known bin the step time is held flat (no
   speed-up is predicted for verifying fewer tokens than ever seen); above the largest
   known bin it grows linearly with the slope of the last few known bins, at least
   ``extrapolate_min_slope`` of and at most the proportional slope ``t(B_hi) / B_hi`` (no
@@ -301,26 +305,29 @@ class PriorCurve:
 
 
 def _pav_nondecreasing(y: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Weighted pool-adjacent-violators: the closest non-decreasing sequence."""
+    """Weighted pool-adjacent-violators: the closest non-decreasing sequence.
+
+    A sequence that is already non-decreasing comes back as a copy; otherwise the pools
+    are built on Python floats (a refit's hot loop: numpy scalar indexing costs several
+    times as much per element)."""
     n = y.size
-    if n <= 1:
+    if n <= 1 or not (y[1:] < y[:-1]).any():
         return y.astype(np.float64, copy=True)
-    vals = np.empty(n)
-    wts = np.empty(n)
-    cnt = np.empty(n, dtype=np.int64)
-    k = -1
-    for i in range(n):
-        k += 1
-        vals[k] = y[i]
-        wts[k] = w[i]
-        cnt[k] = 1
-        while k > 0 and vals[k - 1] > vals[k]:
-            tw = wts[k - 1] + wts[k]
-            vals[k - 1] = (vals[k - 1] * wts[k - 1] + vals[k] * wts[k]) / tw
-            wts[k - 1] = tw
-            cnt[k - 1] += cnt[k]
-            k -= 1
-    return np.repeat(vals[: k + 1], cnt[: k + 1])
+    vals: list[float] = []
+    wts: list[float] = []
+    cnt: list[int] = []
+    for yi, wi in zip(y.tolist(), w.tolist()):
+        v, wt, c = yi, wi, 1
+        while vals and vals[-1] > v:
+            pw = wts.pop()
+            tw = pw + wt
+            v = (vals.pop() * pw + v * wt) / tw
+            wt = tw
+            c += cnt.pop()
+        vals.append(v)
+        wts.append(wt)
+        cnt.append(c)
+    return np.repeat(np.asarray(vals, dtype=np.float64), cnt)
 
 
 def _window_sums(xc: np.ndarray, y: np.ndarray, w: np.ndarray, half: int) -> tuple[np.ndarray, ...]:
@@ -776,6 +783,35 @@ class SpsModel:
             table[lo:hi] = np.interp(xs, self.knots[s:e].astype(np.float64), theta[s:e])
         return table
 
+    @staticmethod
+    def _fill_gaps_optimistically(out: np.ndarray, theta: np.ndarray, x: np.ndarray, kidx: np.ndarray) -> None:
+        """Lower each gap between known bins ``a < b`` (``out`` holds the chord) to the
+        cheapest curve a non-decreasing, convex step time allows there: ``max(t_a, t_b -
+        s (x_b - x))``, never above the chord.  ``s``: the secant from ``b`` to the farthest
+        known bin within one gap width to its right (at least the next known bin), at most
+        the proportional slope ``t_b / x_b``; a gap with no known bin to the right of ``b``
+        keeps the chord.  Vectorised: a refit runs on the planner's step."""
+        n = kidx.size
+        if n < 3:
+            return
+        gap = np.flatnonzero(np.diff(kidx) > 1)
+        gap = gap[gap + 2 < n]                              # a known bin right of b
+        if gap.size == 0:
+            return
+        xk = x[kidx]
+        xa, xb = xk[gap], xk[gap + 1]
+        far = np.maximum(np.searchsorted(xk, 2.0 * xb - xa, side="right") - 1, gap + 2)
+        tb = theta[kidx[gap + 1]]
+        slope = np.full(n - 1, np.nan)
+        slope[gap] = np.clip((theta[kidx[far]] - tb) / (xk[far] - xb), 0.0, tb / xb)
+        inside = np.arange(int(kidx[gap[0]]) + 1, int(kidx[gap[-1] + 1]))
+        p = np.searchsorted(kidx, inside, side="right") - 1    # the gap (its left known bin) of each
+        sel = np.isfinite(slope[p]) & (kidx[p] != inside)
+        inside, p = inside[sel], p[sel]
+        b = kidx[p + 1]
+        low = np.maximum(theta[kidx[p]], theta[b] - slope[p] * (x[b] - x[inside]))
+        out[inside] = np.minimum(out[inside], low)
+
     def _fill_without_prior(self, theta: np.ndarray, Wb: np.ndarray, known: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if not known.any():
             known = Wb > 1e-9                 # nothing has enough weight yet: use whatever has data
@@ -784,6 +820,7 @@ class SpsModel:
         kidx = np.flatnonzero(known)
         x = self.knots.astype(np.float64)
         out = np.interp(x, x[kidx], theta[kidx])          # linear between known bins, flat below
+        self._fill_gaps_optimistically(out, theta, x, kidx)
         hi = kidx[-1]
         above = np.arange(self.n_b) > hi
         # above: the trend of the last known bins, between a floor and proportional growth.
