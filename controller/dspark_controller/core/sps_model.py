@@ -70,10 +70,10 @@ A B-bin is *known* once its effective weight reaches ``min_bin_weight``.
   bins without data follow the prior (times the drift factor).
 * Without a prior: unknown bins between known ones get the cheapest step time a
   non-decreasing, convex curve allows there (the left bin's time, or the right bin's
-  less the slope of the known bins to its right, whichever is more; at most the
-  chord: :meth:`SpsModel._fill_gaps_optimistically`), so a gap that may hide a roofline's knee is priced as if it did, and the
-  planner visits it and measures it (a gap priced at the chord, dearer than any convex
-  truth, is never visited); below the smallest known bin the step time is held flat (no
+  less the slope of the known bins to its right, whichever is more; at most the chord:
+  :meth:`SpsModel._fill_gaps_optimistically`), so a gap that may hide a roofline's knee
+  is priced as if it did, and the planner visits it and measures it (a gap priced at
+  the chord, an upper bound of any convex truth, is never visited); below the smallest known bin the step time is held flat (no
   speed-up is predicted for verifying fewer tokens than ever seen); above the largest
   known bin it grows linearly with the slope of the last few known bins, at least
   ``extrapolate_min_slope`` of and at most the proportional slope ``t(B_hi) / B_hi`` (no
