@@ -2,7 +2,7 @@
 """The host-only parts of ``benchmarks/run_gpu_bench.sh`` (numpy, no torch, no SGLang).
 
 ``policy``: the budget policy's host cost per decode step at R = 1 .. 256 running
-requests: the decision (``budget``) and the step-time learning (``observe``) of the
+requests, and with R changing every step (``mixed``): the decision (``budget``) and the step-time learning (``observe``) of the
 simulator's ``online`` policy (:func:`dspark_controller.sim.policies.make_policy`),
 which runs the worker's own policy object, :class:`dspark_controller.core.policy.BudgetPolicy`
 (numpy only: the same code with or without SGLang; survival calibration and admission
@@ -46,8 +46,10 @@ def policy_host_cost(args) -> dict:
 
     Each R gets a fresh ``online`` policy, ``--policy-warmup`` untimed steps (the profile
     becomes ready, exploration settles from its young rate) and ``--policy-steps`` timed
-    ones. Lagged survival rows come from random confidences in [0.4, 1); the step time is
-    a synthetic ``5 ms + 20 us per verified token`` with 5% noise."""
+    ones; a last row, ``mixed``, has R wander by up to 4 requests a step over 1 .. the
+    largest R, as a serving batch does (a refit then fits dozens of R rows, not one).
+    Lagged survival rows come from random confidences in [0.4, 1); the step time is a
+    synthetic ``5 ms + 20 us per verified token`` with 5% noise."""
     import numpy as np
 
     from dspark_controller.sim.policies import make_policy, resolve_backend
@@ -60,14 +62,18 @@ def policy_host_cost(args) -> dict:
     def true_sps(b):
         return 1.0 / (0.005 + 2e-5 * np.asarray(b, dtype=np.float64))
 
-    for R in args.policy_rs:
+    top = max(args.policy_rs)
+    for R0 in [*args.policy_rs, "mixed"]:
         pol = make_policy("online", backend=backend, gamma=gamma, engine_idx=0, shared={},
-                          upstream_table=None, max_running=max(args.policy_rs), seed=R,
+                          upstream_table=None, max_running=top, seed=0 if R0 == "mixed" else R0,
                           sla_floor=None, controller_explore=0.0)
-        rng = np.random.default_rng(R)
+        rng = np.random.default_rng(0 if R0 == "mixed" else R0)
         now = 0.0
         decide, learn = [], []
+        R = top // 2 if R0 == "mixed" else R0
         for i in range(args.policy_warmup + args.policy_steps):
+            if R0 == "mixed":      # as in serving: the batch changes every step, over many rows
+                R = int(min(max(R + rng.integers(-4, 5), 1), top))
             surv = np.cumprod(rng.uniform(0.4, 1.0, size=(R, gamma)).astype(np.float32), axis=1)
             t0 = time.perf_counter()
             k = pol.budget(now=now, R=R, gamma=gamma, lagged_survival=surv, true_sps=true_sps)
@@ -88,14 +94,14 @@ def policy_host_cost(args) -> dict:
         d_us, l_us = np.asarray(decide) * 1e6, np.asarray(learn) * 1e6
         tot = d_us + l_us
         state = pol.state()
-        row = {"R": R, "steps": len(decide),
+        row = {"R": R0, "steps": len(decide),
                "decide_us_p50": float(np.median(d_us)), "decide_us_p90": float(np.percentile(d_us, 90)),
                "learn_us_p50": float(np.median(l_us)), "learn_us_p90": float(np.percentile(l_us, 90)),
                "total_us_p50": float(np.median(tot)), "total_us_p99": float(np.percentile(tot, 99)),
                "total_us_max": float(tot.max()), "total_us_mean": float(tot.mean()),
                "sources": dict(state.get("sources", {})), "model_ready": state.get("model_ready")}
         rows.append(row)
-        print(f"{R:>4} {row['decide_us_p50']:>10.1f} {row['decide_us_p90']:>10.1f} {row['learn_us_p50']:>9.1f} "
+        print(f"{R0:>4} {row['decide_us_p50']:>10.1f} {row['decide_us_p90']:>10.1f} {row['learn_us_p50']:>9.1f} "
               f"{row['learn_us_p90']:>9.1f} {row['total_us_p50']:>9.1f} {row['total_us_p99']:>9.1f} "
               f"{row['total_us_max']:>9.1f}  {row['sources']}", flush=True)
     return {"brain": brain_name, "backend": backend.name, "gamma": gamma, "rows": rows}

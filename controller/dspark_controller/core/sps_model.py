@@ -357,14 +357,24 @@ def _local_linear(x: np.ndarray, y: np.ndarray, w: np.ndarray, half: int) -> np.
     return np.where(np.isfinite(out), out, y)
 
 
-def _local_linear_shrunk(x: np.ndarray, y: np.ndarray, w: np.ndarray, half: int, lam: float,
-                         n0: float) -> np.ndarray:
-    """At each point, a weighted linear fit over +-half points with its slope shrunk by a
-    ridge ``lam`` (in weight x units^2) and its value by ``S0 / (S0 + n0)`` (S0: the
-    window's weight), evaluated there (vectorised)."""
-    xc = x - float((w * x).sum() / w.sum())
-    S0, S1, S2, T0, T1 = _window_sums(xc, y, w, half)
-    den = np.maximum(S0 * S2 - S1 * S1, 0.0) + lam * S0
+def _local_linear_shrunk_segments(x: np.ndarray, y: np.ndarray, w: np.ndarray, seg: np.ndarray, starts: np.ndarray,
+                                  ends: np.ndarray, half: int, lam: np.ndarray, n0: float) -> np.ndarray:
+    """At each point, a weighted linear fit over +-half points of its own segment (points
+    ``starts[k]:ends[k]``; ``seg``: each point's segment) with its slope shrunk by the
+    segment's ridge ``lam[k]`` (in weight x units^2) and its value by ``S0 / (S0 + n0)``
+    (S0: the window's weight), evaluated there; every segment at once (vectorised)."""
+    sw = np.bincount(seg, weights=w, minlength=starts.size)
+    xc = x - (np.bincount(seg, weights=w * x, minlength=starts.size) / sw)[seg]
+    v = np.stack([w, w * xc, w * xc * xc, w * y, w * xc * y])
+    idx = np.arange(x.size)
+    lo, hi = starts[seg], ends[seg]
+    sums = v.copy()
+    for off in range(1, half + 1):          # direct window sums (a running sum over all rows
+        for j in (idx - off, idx + off):    # would lose precision to cancellation)
+            ok = (j >= lo) & (j < hi)
+            sums += np.where(ok, v[:, np.where(ok, j, 0)], 0.0)
+    S0, S1, S2, T0, T1 = sums
+    den = np.maximum(S0 * S2 - S1 * S1, 0.0) + lam[seg] * S0
     with np.errstate(divide="ignore", invalid="ignore"):
         slope = np.where(den > 0, (S0 * T1 - S1 * T0) / den, 0.0)
         out = (T0 - slope * S1) / S0 + slope * xc
@@ -659,26 +669,38 @@ class SpsModel:
         x_all = self.knots.astype(np.float64)
         table = self._build_table(theta, jumps)
         half = int(cfg.row_window)
-        out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        for r in rows.tolist():
-            w_row = W_full[r]
-            have = np.flatnonzero(w_row > 1e-9)
-            solid = np.flatnonzero(w_row[have] >= cfg.min_bin_weight)
-            if solid.size == 0:
-                continue
-            have = have[solid[0]:solid[-1] + 1]          # from the first solid bin to the last
-            x, w = x_all[have], w_row[have]
-            fit = theta[have] + alpha[r]
-            e = self._y[r, have] - fit
-            level = float((w * fit).sum() / w.sum())
-            lo, hi = int(x[0]), int(x[-1])
-            fit_slope = float(table[hi] - table[lo]) / (hi - lo) if hi > lo else 0.0
-            tau = cfg.row_slope_rel * max(fit_slope, 1e-3 * abs(level))
-            lam = (sig_rel * abs(level) / tau) ** 2 if tau > 0 else math.inf
-            corr = _local_linear_shrunk(x, e, w, half, lam if math.isfinite(lam) else 1e300, n0)
-            if np.all(np.isfinite(corr)):
-                out[int(r)] = (x.astype(np.int64), corr)
-        return out
+        # every row at once (a refit runs on the planner's step, and a serving engine has
+        # dozens of rows): the rows' measured bins laid end to end, row by row
+        W = W_full[rows]
+        solid = W >= cfg.min_bin_weight
+        keep = solid.any(axis=1)
+        if not keep.any():
+            return {}
+        rows, W, solid = rows[keep], W[keep], solid[keep]
+        nb = W.shape[1]
+        first = solid.argmax(axis=1)
+        last = nb - 1 - solid[:, ::-1].argmax(axis=1)
+        col = np.arange(nb)
+        ri, bi = np.nonzero((W > 1e-9) & (col >= first[:, None]) & (col <= last[:, None]))
+        nr = rows.size
+        counts = np.bincount(ri, minlength=nr)
+        ends = np.cumsum(counts)
+        starts = ends - counts
+        x, w, rr = x_all[bi], W[ri, bi], rows[ri]
+        fit = theta[bi] + alpha[rr]
+        e = self._y[rr, bi] - fit
+        sw = np.bincount(ri, weights=w, minlength=nr)
+        level = np.bincount(ri, weights=w * fit, minlength=nr) / sw
+        lo, hi = x[starts].astype(np.int64), x[ends - 1].astype(np.int64)
+        fit_slope = np.where(hi > lo, (table[hi] - table[lo]) / np.maximum(hi - lo, 1), 0.0)
+        tau = cfg.row_slope_rel * np.maximum(fit_slope, 1e-3 * np.abs(level))
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            lam = np.where(tau > 0, (sig_rel * np.abs(level) / tau) ** 2, np.inf)
+        lam = np.where(np.isfinite(lam), lam, 1e300)
+        corr = _local_linear_shrunk_segments(x, e, w, ri, starts, ends, half, lam, n0)
+        ok = np.bincount(ri, weights=~np.isfinite(corr), minlength=nr) == 0
+        return {int(rows[k]): (x[starts[k]:ends[k]].astype(np.int64), corr[starts[k]:ends[k]])
+                for k in np.flatnonzero(ok).tolist()}
 
     @staticmethod
     def _median3(theta: np.ndarray, eligible: np.ndarray) -> np.ndarray:
