@@ -73,11 +73,11 @@ A B-bin is *known* once its effective weight reaches ``min_bin_weight``.
   less the slope of the known bins to its right, whichever is more; at most the chord:
   :meth:`SpsModel._fill_gaps_optimistically`), so a gap that may hide a roofline's knee
   is priced as if it did, and the planner visits it and measures it (a gap priced at
-  the chord, an upper bound of any convex truth, is never visited); below the smallest known bin the step time is held flat (no
-  speed-up is predicted for verifying fewer tokens than ever seen); above the largest
-  known bin it grows linearly with the slope of the last few known bins, at least
-  ``extrapolate_min_slope`` of and at most the proportional slope ``t(B_hi) / B_hi`` (no
-  free tokens are predicted beyond what was
+  the chord, an upper bound of any convex truth, is never visited); below the smallest
+  known bin the step time is held flat (no speed-up is predicted for verifying fewer
+  tokens than ever seen); above the largest known bin it grows linearly with the slope
+  of the last few known bins, at least ``extrapolate_min_slope`` of and at most the
+  proportional slope ``t(B_hi) / B_hi`` (no free tokens are predicted beyond what was
   seen). With no data at all the model is *not ready*: ``predict_step_time`` returns NaN
   and ``sps_function`` returns a flat curve, which makes every planner verify all tokens,
   exactly SGLang's behaviour with an uninitialised SPS table.
