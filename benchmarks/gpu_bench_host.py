@@ -2,8 +2,9 @@
 """The host-only parts of ``benchmarks/run_gpu_bench.sh`` (numpy, no torch, no SGLang).
 
 ``policy``: the budget policy's host cost per decode step at R = 1 .. 256 running
-requests, and with R changing every step (``mixed``): the decision (``budget``) and the step-time learning (``observe``) of the
-simulator's ``online`` policy (:func:`dspark_controller.sim.policies.make_policy`),
+requests, and with R changing every step (``mixed``): the decision (``budget``) and the
+step-time learning (``observe``) of the simulator's ``online`` policy
+(:func:`dspark_controller.sim.policies.make_policy`),
 which runs the worker's own policy object, :class:`dspark_controller.core.policy.BudgetPolicy`
 (numpy only: the same code with or without SGLang; survival calibration and admission
 gain included), and :class:`SpsModel` learning.  Not timed: what only the worker does
@@ -64,15 +65,17 @@ def policy_host_cost(args) -> dict:
 
     top = max(args.policy_rs)
     for R0 in [*args.policy_rs, "mixed"]:
+        mixed = R0 == "mixed"      # as in serving: the batch changes every step, over many rows
+        seed = 0 if mixed else R0
         pol = make_policy("online", backend=backend, gamma=gamma, engine_idx=0, shared={},
-                          upstream_table=None, max_running=top, seed=0 if R0 == "mixed" else R0,
+                          upstream_table=None, max_running=top, seed=seed,
                           sla_floor=None, controller_explore=0.0)
-        rng = np.random.default_rng(0 if R0 == "mixed" else R0)
+        rng = np.random.default_rng(seed)
         now = 0.0
         decide, learn = [], []
-        R = top // 2 if R0 == "mixed" else R0
+        R = top // 2 if mixed else R0
         for i in range(args.policy_warmup + args.policy_steps):
-            if R0 == "mixed":      # as in serving: the batch changes every step, over many rows
+            if mixed:
                 R = int(min(max(R + rng.integers(-4, 5), 1), top))
             surv = np.cumprod(rng.uniform(0.4, 1.0, size=(R, gamma)).astype(np.float32), axis=1)
             t0 = time.perf_counter()

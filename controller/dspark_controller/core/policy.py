@@ -710,9 +710,10 @@ class BudgetPolicy:
         realised over what they predicted (:class:`.strategies.AdmissionGain`; clipped at
         1): SGLang admits a budget's drafts by their live confidences, so the K it admits
         accept more than the lagged forecast's top K, most of all at the margin, where the
-        plan trades one more draft against its cost.  The plan keeps the unscaled forecast's price (what the gain compares realised
-        drafts with, and what the uniform gate and the votes scale by it).  docs/worker.md
-        ("Where budgets come from", source 4) has the simulator figures."""
+        plan trades one more draft against its cost.  The plan keeps the unscaled
+        forecast's price (what the gain compares realised drafts with, and what the uniform
+        gate and the votes scale by it).  docs/worker.md ("Where budgets come from", source
+        4) has the simulator figures."""
         g = 1.0 if self.admission is None else self.admission.factor(uniform=False)
         if g == 1.0:
             return self._argmax(survival, sps, max_tokens=max_tokens)

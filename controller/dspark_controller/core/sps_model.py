@@ -695,8 +695,8 @@ class SpsModel:
         fit_slope = np.where(hi > lo, (table[hi] - table[lo]) / np.maximum(hi - lo, 1), 0.0)
         tau = cfg.row_slope_rel * np.maximum(fit_slope, 1e-3 * np.abs(level))
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-            lam = np.where(tau > 0, (sig_rel * np.abs(level) / tau) ** 2, np.inf)
-        lam = np.where(np.isfinite(lam), lam, 1e300)
+            lam = (sig_rel * np.abs(level) / tau) ** 2
+        lam = np.where((tau > 0) & np.isfinite(lam), lam, 1e300)
         corr = _local_linear_shrunk_segments(x, e, w, ri, starts, ends, half, lam, n0)
         ok = np.bincount(ri, weights=~np.isfinite(corr), minlength=nr) == 0
         return {int(rows[k]): (x[starts[k]:ends[k]].astype(np.int64), corr[starts[k]:ends[k]])
