@@ -1,6 +1,7 @@
 """DSpark controller benchmark (one command; not a timed test).
 
-    python benchmarks/controller_bench.py [--duration 8] [--workers 1,8,64] [--json out.json]
+    python benchmarks/controller_bench.py [--duration 8] [--workers 1,8,64] [--sections ingest,learning,host]
+                                         [--json out.json]
 
 Measures, on this machine:
 
@@ -12,6 +13,11 @@ Measures, on this machine:
 2. Learned-profile error vs steps seen (replay, smooth and jagged step-wise curves), the
    recovery from a 30% drift, and decision quality against an oracle that knows the true
    curve (true throughput of the learned-curve plan / true throughput of the oracle plan).
+
+3. Host cost of the controller mode: CPU of the controller process and of the client's
+   thread (which lives in the engine's scheduler process) per second, with one engine
+   idle and reporting 12 steps/s at R = 1 (a CPU decode loop) and 40 steps/s at R = 32.
+   On a host whose cores the engine uses, this CPU is the engine's.
 
 Targets (issue 3): profile within 5% of the true step time after 2000 steps; recovery from
 a 30% drift within 500 steps; decision quality >= 98% of the oracle.
@@ -31,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 try:
@@ -184,6 +191,74 @@ def bench_ingest(n_workers: int, duration: float, workdir: Path, *, rate: float 
         log.close()
 
 
+def _cpu_s(pid: int, tid: Optional[int] = None) -> float:
+    """utime + stime of a process (or one of its threads) from /proc, in seconds."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def bench_host_cost(rate: float, R: int, duration: float, workdir: Path) -> dict:
+    """CPU per second of a real controller process and of one in-process ControllerClient's
+    thread while it reports ``rate`` steps/s (0: idle, heartbeats only) at ``R`` requests."""
+    from dspark_controller.service.client import ControllerClient
+
+    base = f"ipc://{workdir}/host{int(rate)}r{R}"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "controller") + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    ctl = subprocess.Popen([sys.executable, "-m", "dspark_controller.cli", "serve", "--bind", base, "--no-persist",
+                            "--log-level", "warning"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    c = None
+    try:
+        deadline = time.monotonic() + 30
+        while _status(base + ".cli", 0.5) is None:
+            if time.monotonic() > deadline or ctl.poll() is not None:
+                raise RuntimeError("controller did not start")
+        c = ControllerClient(address=base, fingerprint=_fingerprint("smooth", 0), engine_id="e0").start()
+        while c.link_state != "connected":
+            if time.monotonic() > deadline:
+                raise RuntimeError("client did not connect")
+            time.sleep(0.05)
+        rng = np.random.default_rng(0)
+        seq = 0
+
+        def step() -> None:
+            nonlocal seq
+            seq += 1
+            B = int(rng.integers(0, R * GAMMA + 1))
+            c.publish_step(StepTelemetry(seq=seq, num_running_requests=R, verify_tokens=R + B,
+                                         step_time_s=0.05 + 0.002 * B,
+                                         accepted_lens=[int(x) for x in rng.integers(0, GAMMA + 1, R)],
+                                         verify_lens=[GAMMA] * R, timestamp=time.time()))
+        for i in range(600):            # a ready profile first (600 steps in ~1.2 s)
+            step()
+            if i % 50 == 49:
+                time.sleep(0.1)
+        time.sleep(2.0)
+        tid = c._thread.native_id
+        c0, w0, n0, t0 = _cpu_s(ctl.pid), _cpu_s(os.getpid(), tid), c.counters.get("decisions_received", 0), \
+            time.monotonic()
+        start_seq = seq
+        while time.monotonic() - t0 < duration:
+            due = start_seq + int((time.monotonic() - t0) * rate)
+            while seq < due:
+                step()
+            time.sleep(0.005)
+        c1, w1, n1, t1 = _cpu_s(ctl.pid), _cpu_s(os.getpid(), tid), c.counters.get("decisions_received", 0), \
+            time.monotonic()
+        dt = t1 - t0
+        return {"rate": rate, "R": R, "controller_cpu_ms_per_s": 1e3 * (c1 - c0) / dt,
+                "client_thread_cpu_ms_per_s": 1e3 * (w1 - w0) / dt, "decisions_per_s": (n1 - n0) / dt}
+    finally:
+        if c is not None:
+            c.close()
+        ctl.send_signal(signal.SIGTERM)
+        try:
+            ctl.wait(15)
+        except subprocess.TimeoutExpired:
+            ctl.kill()
+
+
 def _holdout(curve, n=2000, seed=999):
     rng = np.random.default_rng(seed)
     st = [synth_step(rng, curve, noise_sigma=0.0, outlier_prob=0.0) for _ in range(n)]
@@ -279,56 +354,88 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--paced-rate", type=float, default=50.0,
                     help="steps/s per worker in the paced runs (a decode step every 20 ms)")
+    ap.add_argument("--sections", default="ingest,learning,host",
+                    help="which parts to run (comma-separated): ingest, learning, host")
+    ap.add_argument("--host-duration", type=float, default=20.0,
+                    help="seconds measured per host-cost row (CPU times tick every 10 ms)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
+    sections = {x.strip() for x in args.sections.split(",") if x.strip()}
+    unknown = sections - {"ingest", "learning", "host"}
+    if unknown or not sections:
+        ap.error(f"--sections {args.sections!r}: choose from ingest, learning, host")
     workdir = Path(tempfile.mkdtemp(prefix="dscb", dir="/tmp"))
     results: dict = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                                  "platform": platform.platform()}, "ingest": []}
     try:
         print(f"# DSpark controller benchmark ({os.cpu_count()} CPUs, Python {platform.python_version()})\n")
-        cost = bench_update_cost()
-        results["cost"] = cost
-        print(f"SpsModel.update {cost['sps_update_us']:.0f} us/step (amortised, incl. refits), refit "
-              f"{cost['sps_refit_ms']:.2f} ms; plan_exact R=64 {cost['plan_exact_R64_us']:.0f} us, "
-              f"plan_lagged R=64 {cost['plan_lagged_R64_us']:.0f} us\n")
-        print("| workers | offered load | steps/s ingested | of which learned | shed (stale) steps/s | messages/s | "
-              "decisions/s | decision p50 ms | decision p99 ms | client drops |")
-        print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-        runs = [(int(x), 0.0) for x in args.workers.split(",")]
-        runs += [(int(x), args.paced_rate) for x in args.workers.split(",")]
-        for n, rate in runs:
-            r = bench_ingest(n, args.duration, workdir, rate=rate)
-            results["ingest"].append(r)
-            load = "flood" if rate <= 0 else f"{rate:g} steps/s/worker"
-            print(f"| {n} | {load} | {r['steps_per_s']:.0f} | {r['learned_per_s']:.0f} | {r['shed_per_s']:.0f} | "
-                  f"{r['messages_per_s']:.0f} | "
-                  f"{r['decisions_per_s']:.0f} | "
-                  f"{r['decision_latency_p50_ms']:.3f} | {r['decision_latency_p99_ms']:.3f} | "
-                  f"{r['dropped_client_side']} |", flush=True)
-        learn = bench_learning(args.seeds)
-        results["learning"] = learn
-        cps = list(next(iter(learn["error_vs_steps"].values())).keys())
-        print("\nProfile error (mean |pred - true| / true on held-out batches), mean over "
-              f"{args.seeds} seeds:\n")
-        print("| curve | " + " | ".join(f"{c} steps" for c in cps) + " |")
-        print("|---|" + "---:|" * len(cps))
-        for name in CURVES:
-            row = learn["error_vs_steps"][name]
-            worst = learn["error_vs_steps"][name + "_worst"]
-            print(f"| {name} | " + " | ".join(f"{100 * row[c]:.2f}% (worst {100 * worst[c]:.2f}%)" for c in cps) + " |")
-        print("\n| curve | 30% drift: steps to < 5% (mean / worst) | error 500 steps after drift | "
-              "decision quality, lagged (mean / min) | decision quality, exact Alg. 1 (mean / min) |")
-        print("|---|---:|---:|---:|---:|")
-        for name in CURVES:
-            d, q = learn["drift"][name], learn["quality"][name]
-            print(f"| {name} | {d['steps_to_5pct_mean']:.0f} / {d['steps_to_5pct_worst']:.0f} | "
-                  f"{100 * d['error_at_500']:.2f}% | {100 * q['lagged_mean']:.2f}% / {100 * q['lagged_min']:.2f}% | "
-                  f"{100 * q['exact_mean']:.2f}% / {100 * q['exact_min']:.2f}% |")
+        if "host" in sections:
+            print("Host cost of the controller mode (CPU ms per second; the client thread runs in the "
+                  "engine's process):\n")
+            print("| engine reports | controller process | client thread | together | decisions/s |")
+            print("|---|---:|---:|---:|---:|")
+            results["host"] = []
+            for rate, R in ((0.0, 1), (12.0, 1), (40.0, 32)):
+                h = bench_host_cost(rate, R, args.host_duration, workdir)
+                results["host"].append(h)
+                load = "nothing (idle)" if rate <= 0 else f"{rate:g} steps/s at R = {R}"
+                print(f"| {load} | {h['controller_cpu_ms_per_s']:.1f} | {h['client_thread_cpu_ms_per_s']:.1f} | "
+                      f"{h['controller_cpu_ms_per_s'] + h['client_thread_cpu_ms_per_s']:.1f} | "
+                      f"{h['decisions_per_s']:.1f} |", flush=True)
+            print()
+        if "ingest" in sections:
+            _ingest(args, results, workdir)
+        if "learning" in sections:
+            _learning(args, results)
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=2, default=str))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
+
+
+def _ingest(args: argparse.Namespace, results: dict, workdir: Path) -> None:
+    cost = bench_update_cost()
+    results["cost"] = cost
+    print(f"SpsModel.update {cost['sps_update_us']:.0f} us/step (amortised, incl. refits), refit "
+          f"{cost['sps_refit_ms']:.2f} ms; plan_exact R=64 {cost['plan_exact_R64_us']:.0f} us, "
+          f"plan_lagged R=64 {cost['plan_lagged_R64_us']:.0f} us\n")
+    print("| workers | offered load | steps/s ingested | of which learned | shed (stale) steps/s | messages/s | "
+          "decisions/s | decision p50 ms | decision p99 ms | client drops |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    runs = [(int(x), 0.0) for x in args.workers.split(",")]
+    runs += [(int(x), args.paced_rate) for x in args.workers.split(",")]
+    for n, rate in runs:
+        r = bench_ingest(n, args.duration, workdir, rate=rate)
+        results["ingest"].append(r)
+        load = "flood" if rate <= 0 else f"{rate:g} steps/s/worker"
+        print(f"| {n} | {load} | {r['steps_per_s']:.0f} | {r['learned_per_s']:.0f} | {r['shed_per_s']:.0f} | "
+              f"{r['messages_per_s']:.0f} | "
+              f"{r['decisions_per_s']:.0f} | "
+              f"{r['decision_latency_p50_ms']:.3f} | {r['decision_latency_p99_ms']:.3f} | "
+              f"{r['dropped_client_side']} |", flush=True)
+
+
+def _learning(args: argparse.Namespace, results: dict) -> None:
+    learn = bench_learning(args.seeds)
+    results["learning"] = learn
+    cps = list(next(iter(learn["error_vs_steps"].values())).keys())
+    print("\nProfile error (mean |pred - true| / true on held-out batches), mean over "
+          f"{args.seeds} seeds:\n")
+    print("| curve | " + " | ".join(f"{c} steps" for c in cps) + " |")
+    print("|---|" + "---:|" * len(cps))
+    for name in CURVES:
+        row = learn["error_vs_steps"][name]
+        worst = learn["error_vs_steps"][name + "_worst"]
+        print(f"| {name} | " + " | ".join(f"{100 * row[c]:.2f}% (worst {100 * worst[c]:.2f}%)" for c in cps) + " |")
+    print("\n| curve | 30% drift: steps to < 5% (mean / worst) | error 500 steps after drift | "
+          "decision quality, lagged (mean / min) | decision quality, exact Alg. 1 (mean / min) |")
+    print("|---|---:|---:|---:|---:|")
+    for name in CURVES:
+        d, q = learn["drift"][name], learn["quality"][name]
+        print(f"| {name} | {d['steps_to_5pct_mean']:.0f} / {d['steps_to_5pct_worst']:.0f} | "
+              f"{100 * d['error_at_500']:.2f}% | {100 * q['lagged_mean']:.2f}% / {100 * q['lagged_min']:.2f}% | "
+              f"{100 * q['exact_mean']:.2f}% / {100 * q['exact_min']:.2f}% |")
 
 
 if __name__ == "__main__":

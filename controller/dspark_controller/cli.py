@@ -342,6 +342,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         metrics_addr=args.metrics_addr, curve_secret_key_file=args.curve_secret_key,
         curve_authorized_dir=args.curve_authorized_dir, policy=policy, heartbeat_s=args.heartbeat_s,
         engine_timeout_s=args.engine_timeout_s, decision_interval_s=args.decision_interval_s,
+        decision_refresh_s=args.decision_refresh_s,
         decision_valid_s=args.decision_valid_s, profile_publish_s=args.profile_publish_s,
         persist_interval_s=args.persist_interval_s, model=model_cfg, prior_file=args.prior,
         max_learn_steps_per_s=args.max_learn_rate,
@@ -403,7 +404,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--explore", type=float, help="fraction of steps with a random budget (profile exploration)")
     s.add_argument("--heartbeat-s", type=float, default=1.0)
     s.add_argument("--engine-timeout-s", type=float, default=10.0)
-    s.add_argument("--decision-interval-s", type=float, default=0.1, help="min seconds between decisions per engine")
+    s.add_argument("--decision-interval-s", type=float, default=0.1,
+                   help="min seconds between decisions per engine (after its request count changed)")
+    s.add_argument("--decision-refresh-s", type=float, default=0.5,
+                   help="min seconds between decisions per engine while its request count stays the same")
     s.add_argument("--decision-valid-s", type=float, default=5.0)
     s.add_argument("--profile-publish-s", type=float, default=1.0)
     s.add_argument("--persist-interval-s", type=float, default=10.0)

@@ -127,6 +127,40 @@ def test_client_first_then_controller_then_kill_and_restart(controllers, clients
     assert wait_for(lambda: c.latest_decision(5.0), 10, what="decision from the new controller").seq >= 1
 
 
+def test_a_decision_follows_a_request_count_change_and_refreshes_slowly_otherwise(controllers, clients):
+    """Telemetry at the decided request count re-decides at most every decision_refresh_s
+    (each decision costs the controller CPU, on a small host the engine's); a new request
+    count gets its decision one decision_interval_s later."""
+    ctl = controllers("--decision-interval-s", "0.05", "--decision-refresh-s", "2.0")
+    c = clients(address=ctl.bind, fingerprint=fingerprint(), engine_id="e1", flush_interval_s=0.02)
+    wait_for(lambda: c.link_state == "connected", 15, what="connection")
+    seq = 0
+
+    def steps(R: int, seconds: float, until=None):
+        nonlocal seq
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            seq += 1
+            c.publish_step(StepTelemetry(seq=seq, num_running_requests=R, verify_tokens=4 * R, step_time_s=0.02,
+                                         timestamp=time.time()))
+            time.sleep(0.01)
+            if until is not None and until():
+                return True
+        return False
+
+    def holds(R):
+        d = c.latest_decision(5.0)
+        return d is not None and d.num_requests == R
+
+    assert steps(2, 15.0, until=lambda: holds(2)), "no decision for R = 2"
+    n0 = c.counters["decisions_received"]
+    steps(2, 3.0)                       # 300 steps at the same R: at most two refreshes
+    assert c.counters["decisions_received"] - n0 <= 3, c.counters["decisions_received"] - n0
+    t0 = time.monotonic()
+    assert steps(5, 15.0, until=lambda: holds(5)), "no decision for R = 5"
+    assert time.monotonic() - t0 < 1.5      # not held back to the 2 s refresh
+
+
 def test_client_batches_telemetry_and_validates_dicts_off_the_decode_step(controllers, clients):
     ctl = controllers()
     c = clients(address=ctl.bind, fingerprint=fingerprint(), engine_id="e1", flush_interval_s=0.2)

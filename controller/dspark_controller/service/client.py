@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import os
 import threading
 import time
@@ -79,6 +80,11 @@ class ControllerClient:
     heartbeat_s: heartbeat / register-retry period.
     queue_max: bounded telemetry queue; the oldest step is dropped when full.
     pub_address: override for the controller's publisher endpoint (else from the ack).
+    flush_interval_s: telemetry leaves in batches at most this often (or when ``batch_max``
+        steps wait).
+    poll_interval_s: the longest the client thread sleeps with no telemetry waiting (a
+        step queued then leaves within it); with telemetry waiting it sleeps until the next
+        flush, and never past the next heartbeat. Messages wake it at once.
     """
 
     def __init__(self, *, address: str, fingerprint: EngineFingerprint, engine_id: str,
@@ -87,8 +93,8 @@ class ControllerClient:
                  queue_max: int = 1024, pub_address: Optional[str] = None,
                  lost_after_s: Optional[float] = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 batch_max: int = 64, poll_interval_s: float = 0.02,
-                 flush_interval_s: float = 0.05) -> None:
+                 batch_max: int = 64, poll_interval_s: float = 0.05,
+                 flush_interval_s: float = 0.25) -> None:
         if heartbeat_s <= 0:
             raise ValueError("heartbeat_s must be > 0")
         if queue_max < 1:
@@ -272,7 +278,10 @@ class ControllerClient:
                                                          or len(self._queue) >= self.batch_max):
                     next_flush = now + self.flush_interval_s
                     self._flush(tele)
-                events = dict(poller.poll(int(self.poll_interval_s * 1000) or 1))
+                now = time.monotonic()
+                due = next_flush if self._registered and self._queue else now + self.poll_interval_s
+                wait_s = max(0.0, min(due, next_hb) - now)
+                events = dict(poller.poll(max(1, math.ceil(1000 * wait_s))))
                 for sock in (dealer, tele):
                     if sock not in events:
                         continue

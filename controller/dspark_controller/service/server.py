@@ -14,7 +14,9 @@ engine's per-position acceptance estimate (exponentially forgotten Kaplan-Meier 
 from accepted/verified lengths). Decisions are computed at most every
 ``decision_interval_s`` per engine with :func:`planner.compute_lagged_budget` over the
 estimated acceptance (old data by construction, so the budget is lossless to apply) and
-published with the learned curve around the engine's batch size. Profiles are published
+published with the learned curve around the engine's batch size; an engine whose request
+count has not changed since its last decision gets a new one at most every
+``decision_refresh_s`` (its telemetry still updates the profile and the acceptance at once). Profiles are published
 every ``profile_publish_s`` and persisted atomically every ``persist_interval_s`` and at
 shutdown, then reloaded at start.
 
@@ -25,6 +27,7 @@ Nothing a peer sends can stop the loop: bad input is dropped, counted by reason
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 import time
@@ -58,6 +61,12 @@ __all__ = ["ControllerConfig", "Controller", "load_prior"]
 # under policy no_draft, an engine's decision is re-published at least this often (or every
 # decision_valid_s / 4 if shorter), telemetry or not: see Controller._tick
 NO_DRAFT_REFRESH_S = 0.5
+# housekeeping (profile publishes, persistence, gauges) runs at most this often; it is also
+# the longest the event loop sleeps with nothing due
+HOUSEKEEPING_S = 0.25
+# the profile gauges (held-out error: a pass over the held-out samples) are set at most this
+# often; Prometheus scrapes every 15 s or so
+GAUGE_REFRESH_S = 5.0
 
 logger = logging.getLogger("dspark_controller.service.server")
 
@@ -82,6 +91,8 @@ class ControllerConfig:
     heartbeat_s: float = 1.0
     engine_timeout_s: float = 10.0
     decision_interval_s: float = 0.1
+    # same request count as the last decision: re-decide at most this often (see _tick)
+    decision_refresh_s: float = 0.5
     decision_valid_s: float = 5.0
     profile_publish_s: float = 1.0
     persist_interval_s: float = 10.0
@@ -109,7 +120,8 @@ class ControllerConfig:
         if self.curve_authorized_dir and not Path(self.curve_authorized_dir).is_dir():
             raise ConfigError(f"--curve-authorized-dir {self.curve_authorized_dir} is not a directory")
         require_safe_bind(self.endpoints(), curve_configured=self.curve_enabled)
-        for name in ("heartbeat_s", "engine_timeout_s", "decision_interval_s", "decision_valid_s",
+        for name in ("heartbeat_s", "engine_timeout_s", "decision_interval_s", "decision_refresh_s",
+                     "decision_valid_s",
                      "profile_publish_s", "persist_interval_s", "acceptance_half_life_steps",
                      "stale_telemetry_s", "drain_budget_s"):
             if not getattr(self, name) > 0:
@@ -177,7 +189,8 @@ class _Engine:
     num_requests: int = 0
     acc_trials: np.ndarray = field(default_factory=lambda: np.zeros(0))
     acc_succ: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    dirty: bool = False
+    dirty: bool = False          # re-decide after decision_interval_s (R changed, policy set, ...)
+    stale: bool = False          # new telemetry at the decided R: re-decide after decision_refresh_s
     last_decision_at: float = 0.0
     decision_seq: int = 0
     last_decision: Optional[BudgetDecision] = None
@@ -250,6 +263,7 @@ class Controller:
         self._auth = None
         self._last_persist = time.monotonic()
         self._last_housekeeping = 0.0
+        self._last_gauges = -math.inf
         self._metrics_server = None
         self._load_profiles()
 
@@ -407,8 +421,10 @@ class Controller:
             logger.info("controller %s listening: workers %s, publisher %s, cli %s%s", self.controller_id,
                         self.endpoints.router, self.endpoints.pub, self.endpoints.cli,
                         " (CurveZMQ)" if keys else "")
+            wait_s = 0.0
             while not self._stop_req.is_set():
-                events = dict(poller.poll(20))
+                # sleep until a message arrives or the next decision / housekeeping is due
+                events = dict(poller.poll(max(1, math.ceil(1000 * wait_s))))
                 if router in events:
                     self._drain(router, self._on_worker_frames, budget_s=cfg.drain_budget_s)
                 if cli in events:
@@ -416,8 +432,9 @@ class Controller:
                 if monitor in events:
                     self._drain_monitor(monitor)
                 try:
-                    self._tick()
+                    wait_s = self._tick()
                 except Exception as exc:  # never let housekeeping take the controller down
+                    wait_s = 0.02
                     self._log.warning("tick", "housekeeping error (continuing): %s: %s",
                                       exc.__class__.__name__, exc)
                     logger.debug("tick error", exc_info=True)
@@ -564,7 +581,10 @@ class Controller:
         self.counters["telemetry_steps"] += 1
         self._rate_window.append(now)
         self.metrics.steps.labels(engine=eng.engine_id).inc()
-        eng.dirty = True
+        if eng.last_decision is None or eng.last_decision.num_requests != eng.num_requests:
+            eng.dirty = True
+        else:
+            eng.stale = True
         prof = self.profiles[eng.profile_key]
         if not prof.admit(now, self.config.max_learn_steps_per_s):
             # plenty of data: learning every step would only cost CPU (and freshness)
@@ -688,7 +708,7 @@ class Controller:
         eng.decision_seq = d.seq
         eng.last_decision = d
         eng.last_decision_at = now
-        eng.dirty = False
+        eng.dirty = eng.stale = False
         self.counters["decisions_published"] += 1
         if d.budget_tokens is not None:     # no_draft: no draft token is verified (none is made)
             self.metrics.budget.labels(engine=eng.engine_id).set(0 if d.policy.mode == "no_draft"
@@ -711,28 +731,49 @@ class Controller:
         prof.dirty_publish = False
         self.counters["profiles_published"] += 1
 
-    def _tick(self) -> None:
+    def _tick(self) -> float:
+        """Publish the decisions and profiles that are due, persist, set the gauges; returns
+        the seconds until the next of these is due, which the event loop sleeps unless a
+        message arrives (an idle controller wakes ``1 / HOUSEKEEPING_S`` times a second).
+
+        An engine's decision is due ``decision_interval_s`` after its last one when it is
+        ``dirty`` (registered, its request count changed, its policy was set, a heartbeat
+        found the decision half expired), ``decision_refresh_s`` after it when only
+        ``stale`` (telemetry at the decided request count), never while it is silent past
+        ``engine_timeout_s``."""
         cfg = self.config
         now = time.monotonic()
         refresh = min(NO_DRAFT_REFRESH_S, cfg.decision_valid_s / 4)
+        wake = math.inf
         for eng in self.engines.values():
+            if now - eng.last_seen > cfg.engine_timeout_s:
+                continue
             # no_draft: a worker that runs no drafts sends no telemetry, only heartbeats, which
             # refresh a decision only after decision_valid_s / 2; its pin must not lapse at the
             # worker's decision max age (PolicyConfig.decision_max_age_s, 2 s), so re-publish
-            if not eng.dirty and now - eng.last_decision_at >= refresh \
-                    and self._policy_for(eng.engine_id).mode == "no_draft":
-                eng.dirty = True
-            if eng.dirty and now - eng.last_decision_at >= cfg.decision_interval_s \
-                    and now - eng.last_seen <= cfg.engine_timeout_s:
-                try:
-                    self._publish_decision(eng, now)
-                except Exception as exc:
-                    eng.dirty = False
-                    eng.last_decision_at = now
-                    self._log.warning("decision", "could not decide for engine %s: %s: %s", eng.engine_id,
-                                      exc.__class__.__name__, exc)
-        if now - self._last_housekeeping < 0.25:
-            return
+            if not eng.dirty and self._policy_for(eng.engine_id).mode == "no_draft":
+                if now - eng.last_decision_at >= refresh:
+                    eng.dirty = True
+                else:
+                    wake = min(wake, eng.last_decision_at + refresh)
+            if eng.dirty:
+                due = eng.last_decision_at + cfg.decision_interval_s
+            elif eng.stale:
+                due = eng.last_decision_at + cfg.decision_refresh_s
+            else:
+                continue
+            if due > now:
+                wake = min(wake, due)
+                continue
+            try:
+                self._publish_decision(eng, now)
+            except Exception as exc:
+                eng.dirty = eng.stale = False
+                eng.last_decision_at = now
+                self._log.warning("decision", "could not decide for engine %s: %s: %s", eng.engine_id,
+                                  exc.__class__.__name__, exc)
+        if now - self._last_housekeeping < HOUSEKEEPING_S:
+            return max(0.0, min(wake, self._last_housekeeping + HOUSEKEEPING_S) - now)
         self._last_housekeeping = now
         for prof in self.profiles.values():
             if prof.dirty_publish and now - prof.last_publish >= cfg.profile_publish_s:
@@ -749,19 +790,23 @@ class Controller:
             self._rate_window.popleft()
         self.metrics.telemetry_rate.set(len(self._rate_window) / 5.0)
         self.metrics.engines.set(sum(1 for e in self.engines.values() if now - e.last_seen <= cfg.engine_timeout_s))
+        gauges_due = now - self._last_gauges >= GAUGE_REFRESH_S
         for prof in self.profiles.values():
-            if prof.metrics_at_samples == prof.samples_seen:
+            if not gauges_due or prof.metrics_at_samples == prof.samples_seen:
                 continue      # nothing new learned: the gauges are current (an idle fleet costs ~0 CPU)
             prof.metrics_at_samples = prof.samples_seen
             err = prof.model.heldout_error()
             if err.n:
                 self.metrics.profile_error.labels(profile=prof.key).set(err.mape)
             self.metrics.profile_samples.labels(profile=prof.key).set(prof.samples_seen)
+        if gauges_due:
+            self._last_gauges = now
         # forget engines silent for a long time (they re-register if they come back)
         for eid in [e.engine_id for e in self.engines.values() if now - e.last_seen > 6 * cfg.engine_timeout_s]:
             eng = self.engines.pop(eid)
             self.profiles.get(eng.profile_key) and self.profiles[eng.profile_key].engines.discard(eid)
             logger.info("engine %s forgotten after %.0fs of silence", eid, now - eng.last_seen)
+        return max(0.0, min(wake, now + HOUSEKEEPING_S) - now)
 
     # ------------------------------------------------------------------ CLI
     def _on_cli_frames(self, frames: list[bytes]) -> None:

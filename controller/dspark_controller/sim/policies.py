@@ -23,7 +23,8 @@ The ``controller`` and ``sla`` policies run the real
 :class:`dspark_controller.service.server.Controller` in-process (no sockets): simulated steps go
 through ``Controller._on_step`` as ``StepTelemetry`` (the fields the worker's
 ``ControllerLink.publish`` sends), decisions come from ``Controller.decide`` every
-``decision_interval_s`` of simulated time, and the worker side applies them through
+``decision_interval_s`` of simulated time after R changed (``decision_refresh_s`` while it
+has not, as the controller's event loop), and the worker side applies them through
 ``BudgetPolicy`` (``_from_controller``).
 
 No-draft steps: before every decode step the simulator asks :meth:`Policy.draft` (our
@@ -177,6 +178,7 @@ class SimController:
         self.ctrl = Controller(config=cfg)
         self.gamma = gamma
         self.interval = decision_interval_s
+        self.refresh = max(cfg.decision_refresh_s, decision_interval_s)
         self.send_verify_lens = send_verify_lens
         self._fp = EngineFingerprint(target_model="sim-target", draft_model="sim-draft", gamma=gamma,
                                      device_name="sim")
@@ -218,12 +220,14 @@ class SimController:
         self.ctrl._on_step(eng, step, now)
 
     def latest(self, idx: int, now: float, R: int) -> Optional[Any]:
-        """The decision the worker holds at ``now`` (refreshed every ``interval``)."""
+        """The decision the worker holds at ``now``: a new one ``interval`` after the last when
+        R changed since, ``decision_refresh_s`` after it when not (the controller's cadence,
+        ``Controller._tick``, with telemetry every step)."""
         from dspark_controller.service.client import carry_curve
 
         eng = self._engine(idx)
         last = self.decisions.get(idx)
-        if last is None or now - last[0] >= self.interval:
+        if last is None or now - last[0] >= (self.interval if last[1].num_requests != R else self.refresh):
             eng.num_requests = int(R)
             # Controller.decide attaches its curve when R or the profile changed, else once per
             # profile_publish_s on the host's clock (time.monotonic()); here that period runs on
