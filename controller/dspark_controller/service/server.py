@@ -16,9 +16,9 @@ from accepted/verified lengths). Decisions are computed at most every
 estimated acceptance (old data by construction, so the budget is lossless to apply) and
 published with the learned curve around the engine's batch size; an engine whose request
 count has not changed since its last decision gets a new one at most every
-``decision_refresh_s`` (its telemetry still updates the profile and the acceptance at once). Profiles are published
-every ``profile_publish_s`` and persisted atomically every ``persist_interval_s`` and at
-shutdown, then reloaded at start.
+``decision_refresh_s`` (its telemetry still updates the profile and the acceptance at
+once). Profiles are published every ``profile_publish_s`` and persisted atomically every
+``persist_interval_s`` and at shutdown, then reloaded at start.
 
 Nothing a peer sends can stop the loop: bad input is dropped, counted by reason
 (``dspark_controller_dropped_messages_total``) and logged rate-limited.
