@@ -1,7 +1,7 @@
 """DSpark controller benchmark (one command; not a timed test).
 
-    python benchmarks/controller_bench.py [--duration 8] [--workers 1,8,64] [--sections ingest,learning,host]
-                                         [--json out.json]
+    python benchmarks/controller_bench.py [--duration 8] [--workers 1,8,64] [--json out.json]
+                                         [--sections host,interference,ingest,learning]
 
 Measures, on this machine:
 
@@ -13,11 +13,12 @@ Measures, on this machine:
 2. Learned-profile error vs steps seen (replay, smooth and jagged step-wise curves), the
    recovery from a 30% drift, and decision quality against an oracle that knows the true
    curve (true throughput of the learned-curve plan / true throughput of the oracle plan).
-
 3. Host cost of the controller mode: CPU of the controller process and of the client's
    thread (which lives in the engine's scheduler process) per second, with one engine
    idle and reporting 12 steps/s at R = 1 (a CPU decode loop) and 40 steps/s at R = 32.
-   On a host whose cores the engine uses, this CPU is the engine's.
+   On a host whose cores the engine uses, this CPU is the engine's. And what that costs a
+   two-thread OpenMP loop (torch GEMVs, as SGLang's CPU decode runs) on this host, beside
+   the controller mode at 12 steps/s against alone, in alternating chunks.
 
 Targets (issue 3): profile within 5% of the true step time after 2000 steps; recovery from
 a 30% drift within 500 steps; decision quality >= 98% of the oracle.
@@ -37,7 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 try:
@@ -198,65 +199,151 @@ def _cpu_s(pid: int, tid: Optional[int] = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def bench_host_cost(rate: float, R: int, duration: float, workdir: Path) -> dict:
-    """CPU per second of a real controller process and of one in-process ControllerClient's
-    thread while it reports ``rate`` steps/s (0: idle, heartbeats only) at ``R`` requests."""
+def _paced_client(base: str, rate: float, R: int, go: Any, stop: Any, out: "mp.Queue") -> None:
+    """A worker's side of the controller mode in its own process: one ControllerClient
+    reporting ``rate`` steps/s at ``R`` requests between ``go`` and ``stop`` (after a
+    warm-up that makes the profile ready); puts its client thread's CPU seconds and the
+    decisions it received in that window."""
     from dspark_controller.service.client import ControllerClient
 
-    base = f"ipc://{workdir}/host{int(rate)}r{R}"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT / "controller") + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    ctl = subprocess.Popen([sys.executable, "-m", "dspark_controller.cli", "serve", "--bind", base, "--no-persist",
-                            "--log-level", "warning"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    c = None
-    try:
-        deadline = time.monotonic() + 30
-        while _status(base + ".cli", 0.5) is None:
-            if time.monotonic() > deadline or ctl.poll() is not None:
-                raise RuntimeError("controller did not start")
-        c = ControllerClient(address=base, fingerprint=_fingerprint("smooth", 0), engine_id="e0").start()
-        while c.link_state != "connected":
-            if time.monotonic() > deadline:
-                raise RuntimeError("client did not connect")
-            time.sleep(0.05)
-        rng = np.random.default_rng(0)
-        seq = 0
+    c = ControllerClient(address=base, fingerprint=_fingerprint("smooth", 0), engine_id="e0").start()
+    deadline = time.monotonic() + 30
+    while c.link_state != "connected" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    rng = np.random.default_rng(0)
+    seq = 0
 
-        def step() -> None:
-            nonlocal seq
-            seq += 1
-            B = int(rng.integers(0, R * GAMMA + 1))
-            c.publish_step(StepTelemetry(seq=seq, num_running_requests=R, verify_tokens=R + B,
-                                         step_time_s=0.05 + 0.002 * B,
-                                         accepted_lens=[int(x) for x in rng.integers(0, GAMMA + 1, R)],
-                                         verify_lens=[GAMMA] * R, timestamp=time.time()))
-        for i in range(600):            # a ready profile first (600 steps in ~1.2 s)
-            step()
-            if i % 50 == 49:
-                time.sleep(0.1)
-        time.sleep(2.0)
-        tid = c._thread.native_id
-        c0, w0, n0, t0 = _cpu_s(ctl.pid), _cpu_s(os.getpid(), tid), c.counters.get("decisions_received", 0), \
-            time.monotonic()
-        start_seq = seq
-        while time.monotonic() - t0 < duration:
-            due = start_seq + int((time.monotonic() - t0) * rate)
-            while seq < due:
-                step()
-            time.sleep(0.005)
-        c1, w1, n1, t1 = _cpu_s(ctl.pid), _cpu_s(os.getpid(), tid), c.counters.get("decisions_received", 0), \
-            time.monotonic()
-        dt = t1 - t0
-        return {"rate": rate, "R": R, "controller_cpu_ms_per_s": 1e3 * (c1 - c0) / dt,
-                "client_thread_cpu_ms_per_s": 1e3 * (w1 - w0) / dt, "decisions_per_s": (n1 - n0) / dt}
-    finally:
-        if c is not None:
+    def step() -> None:
+        nonlocal seq
+        seq += 1
+        B = int(rng.integers(0, R * GAMMA + 1))
+        c.publish_step(StepTelemetry(seq=seq, num_running_requests=R, verify_tokens=R + B,
+                                     step_time_s=0.05 + 0.002 * B,
+                                     accepted_lens=[int(x) for x in rng.integers(0, GAMMA + 1, R)],
+                                     verify_lens=[GAMMA] * R, timestamp=time.time()))
+    for i in range(600):            # a ready profile first (600 steps in ~1.2 s)
+        step()
+        if i % 50 == 49:
+            time.sleep(0.1)
+    out.put("ready")
+    while not go.wait(0.5):
+        if stop.is_set():
             c.close()
-        ctl.send_signal(signal.SIGTERM)
+            return
+    tid = c._thread.native_id
+    w0, n0, t0, s0 = _cpu_s(os.getpid(), tid), c.counters.get("decisions_received", 0), time.monotonic(), seq
+    while not stop.is_set():
+        while seq < s0 + int((time.monotonic() - t0) * rate):
+            step()
+        # sleep until the next step is due (a decode loop does not poll)
+        stop.wait(max(0.0, t0 + (seq - s0 + 1) / rate - time.monotonic()) if rate > 0 else 0.25)
+    out.put({"client_thread_cpu_s": _cpu_s(os.getpid(), tid) - w0,
+             "decisions": c.counters.get("decisions_received", 0) - n0})
+    c.close()
+
+
+class _ControllerMode:
+    """A real controller process and a paced client process (:func:`_paced_client`):
+    ``with _ControllerMode(...) as m: m.go(); ...; result = m.stop()``."""
+
+    def __init__(self, rate: float, R: int, workdir: Path, tag: str) -> None:
+        self.rate, self.R = rate, R
+        self.base = f"ipc://{workdir}/{tag}"
+        self._ctx = mp.get_context("spawn")
+
+    def __enter__(self) -> "_ControllerMode":
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(ROOT / "controller") + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self.ctl = subprocess.Popen([sys.executable, "-m", "dspark_controller.cli", "serve", "--bind", self.base,
+                                     "--no-persist", "--log-level", "warning"], env=env,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = None
         try:
-            ctl.wait(15)
+            deadline = time.monotonic() + 30
+            while _status(self.base + ".cli", 0.5) is None:
+                if time.monotonic() > deadline or self.ctl.poll() is not None:
+                    raise RuntimeError("controller did not start")
+            self._go, self._stop, self._q = self._ctx.Event(), self._ctx.Event(), self._ctx.Queue()
+            self.proc = self._ctx.Process(target=_paced_client,
+                                          args=(self.base, self.rate, self.R, self._go, self._stop, self._q))
+            self.proc.start()
+            if self._q.get(timeout=60) != "ready":
+                raise RuntimeError("client did not warm up")
+            time.sleep(2.0)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def go(self) -> None:
+        self._c0, self._t0 = _cpu_s(self.ctl.pid), time.monotonic()
+        self._go.set()
+
+    def stop(self) -> dict:
+        self._stop.set()
+        c1, t1 = _cpu_s(self.ctl.pid), time.monotonic()
+        got = self._q.get(timeout=30)
+        dt = t1 - self._t0
+        return {"rate": self.rate, "R": self.R, "controller_cpu_ms_per_s": 1e3 * (c1 - self._c0) / dt,
+                "client_thread_cpu_ms_per_s": 1e3 * got["client_thread_cpu_s"] / dt,
+                "decisions_per_s": got["decisions"] / dt}
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.proc is not None:
+            self._stop.set()
+            self.proc.join(15)
+            if self.proc.is_alive():
+                self.proc.kill()
+        self.ctl.send_signal(signal.SIGTERM)
+        try:
+            self.ctl.wait(15)
         except subprocess.TimeoutExpired:
-            ctl.kill()
+            self.ctl.kill()
+
+
+def bench_host_cost(rate: float, R: int, duration: float, workdir: Path) -> dict:
+    """CPU per second of a real controller process and of one ControllerClient's thread
+    while it reports ``rate`` steps/s (0: idle, heartbeats only) at ``R`` requests."""
+    with _ControllerMode(rate, R, workdir, f"host{int(rate)}r{R}") as m:
+        m.go()
+        time.sleep(duration)
+        return m.stop()
+
+
+def bench_interference(rounds: int, chunk_s: float, workdir: Path, rate: float = 12.0, R: int = 1) -> dict:
+    """How much the controller mode slows a two-thread OpenMP loop on this host: torch
+    GEMVs (4 x 1024 by 1024 x 4096, a CPU decode step's kind of op) per second while a
+    controller and a client reporting ``rate`` steps/s run, over the same loop without
+    them; chunks alternate (the order rotates each round) so drift cancels."""
+    import torch
+
+    torch.set_num_threads(2)
+    x, w = torch.randn(4, 1024), torch.randn(4096, 1024)
+
+    def loop_rate() -> float:
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < chunk_s:
+            for _ in range(20):
+                torch.nn.functional.linear(x, w)
+            n += 20
+        return n / (time.perf_counter() - t0)
+    ratios = []
+    for r in range(rounds):
+        got = {}
+        for arm in (("plain", "controller") if r % 2 == 0 else ("controller", "plain")):
+            if arm == "plain":
+                time.sleep(1.0)
+                got[arm] = loop_rate()
+            else:
+                with _ControllerMode(rate, R, workdir, f"omp{r}") as m:
+                    m.go()
+                    time.sleep(1.0)
+                    got[arm] = loop_rate()
+                    m.stop()
+        ratios.append(got["controller"] / got["plain"])
+    a = np.asarray(ratios)
+    return {"rate": rate, "R": R, "rounds": rounds, "chunk_s": chunk_s, "ratios": ratios,
+            "mean": float(a.mean()), "two_se": float(2 * a.std(ddof=1) / np.sqrt(a.size)) if a.size > 1 else None}
 
 
 def _holdout(curve, n=2000, seed=999):
@@ -354,16 +441,18 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--paced-rate", type=float, default=50.0,
                     help="steps/s per worker in the paced runs (a decode step every 20 ms)")
-    ap.add_argument("--sections", default="ingest,learning,host",
-                    help="which parts to run (comma-separated): ingest, learning, host")
+    ap.add_argument("--sections", default="host,interference,ingest,learning",
+                    help="which parts to run (comma-separated): host, interference, ingest, learning")
+    ap.add_argument("--interference-rounds", type=int, default=6,
+                    help="rounds of the interference section (two 10 s chunks each)")
     ap.add_argument("--host-duration", type=float, default=20.0,
                     help="seconds measured per host-cost row (CPU times tick every 10 ms)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     sections = {x.strip() for x in args.sections.split(",") if x.strip()}
-    unknown = sections - {"ingest", "learning", "host"}
+    unknown = sections - {"ingest", "learning", "host", "interference"}
     if unknown or not sections:
-        ap.error(f"--sections {args.sections!r}: choose from ingest, learning, host")
+        ap.error(f"--sections {args.sections!r}: choose from host, interference, ingest, learning")
     workdir = Path(tempfile.mkdtemp(prefix="dscb", dir="/tmp"))
     results: dict = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                                  "platform": platform.platform()}, "ingest": []}
@@ -383,6 +472,13 @@ def main() -> int:
                       f"{h['controller_cpu_ms_per_s'] + h['client_thread_cpu_ms_per_s']:.1f} | "
                       f"{h['decisions_per_s']:.1f} |", flush=True)
             print()
+        if "interference" in sections:
+            f = bench_interference(args.interference_rounds, 10.0, workdir)
+            results["interference"] = f
+            print(f"A two-thread OpenMP loop (torch GEMVs) beside the controller mode, the engine reporting "
+                  f"{f['rate']:g} steps/s at R = {f['R']}: {f['mean']:.3f} +- {f['two_se']:.3f} of its rate "
+                  f"alone (+-2 SE over {f['rounds']} rounds; per round "
+                  f"{', '.join(f'{x:.3f}' for x in f['ratios'])})\n", flush=True)
         if "ingest" in sections:
             _ingest(args, results, workdir)
         if "learning" in sections:
