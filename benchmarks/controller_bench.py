@@ -132,19 +132,38 @@ def _worker_proc(address: str, engine_ids: list, duration: float, seed: int, out
                       "with_decision": got_decision}))
 
 
-def bench_ingest(n_workers: int, duration: float, workdir: Path, *, rate: float = 0.0) -> dict:
-    base = f"ipc://{workdir}/bench{n_workers}r{int(rate)}"
+def _start_controller(base: str, log: Any = subprocess.DEVNULL) -> subprocess.Popen:
+    """A real ``dspark-controller serve`` on ``base`` (no persistence), once it answers status."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT / "controller") + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    log = open(workdir / f"ctl{n_workers}.log", "wb")
     ctl = subprocess.Popen([sys.executable, "-m", "dspark_controller.cli", "serve", "--bind", base, "--no-persist",
                             "--log-level", "warning"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while _status(base + ".cli", 0.5) is None:
+        if time.monotonic() > deadline or ctl.poll() is not None:
+            _stop_controller(ctl)
+            raise RuntimeError("controller did not start")
+    return ctl
+
+
+def _stop_controller(ctl: subprocess.Popen) -> None:
+    ctl.send_signal(signal.SIGTERM)
     try:
-        cli = base + ".cli"
-        deadline = time.monotonic() + 30
-        while _status(cli, 0.5) is None:
-            if time.monotonic() > deadline or ctl.poll() is not None:
-                raise RuntimeError("controller did not start")
+        ctl.wait(15)
+    except subprocess.TimeoutExpired:
+        ctl.kill()
+
+
+def bench_ingest(n_workers: int, duration: float, workdir: Path, *, rate: float = 0.0) -> dict:
+    base = f"ipc://{workdir}/bench{n_workers}r{int(rate)}"
+    cli = base + ".cli"
+    log = open(workdir / f"ctl{n_workers}.log", "wb")
+    try:
+        ctl = _start_controller(base, log)
+    except BaseException:
+        log.close()
+        raise
+    try:
         n_procs = min(n_workers, 4)
         ids = [f"w{i}" for i in range(n_workers)]
         groups = [ids[i::n_procs] for i in range(n_procs)]
@@ -184,11 +203,7 @@ def bench_ingest(n_workers: int, duration: float, workdir: Path, *, rate: float 
             "controller_dropped": s1.dropped,
         }
     finally:
-        ctl.send_signal(signal.SIGTERM)
-        try:
-            ctl.wait(15)
-        except subprocess.TimeoutExpired:
-            ctl.kill()
+        _stop_controller(ctl)
         log.close()
 
 
@@ -252,17 +267,9 @@ class _ControllerMode:
         self._ctx = mp.get_context("spawn")
 
     def __enter__(self) -> "_ControllerMode":
-        env = dict(os.environ)
-        env["PYTHONPATH"] = str(ROOT / "controller") + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self.ctl = subprocess.Popen([sys.executable, "-m", "dspark_controller.cli", "serve", "--bind", self.base,
-                                     "--no-persist", "--log-level", "warning"], env=env,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.ctl = _start_controller(self.base)
         self.proc = None
         try:
-            deadline = time.monotonic() + 30
-            while _status(self.base + ".cli", 0.5) is None:
-                if time.monotonic() > deadline or self.ctl.poll() is not None:
-                    raise RuntimeError("controller did not start")
             self._go, self._stop, self._q = self._ctx.Event(), self._ctx.Event(), self._ctx.Queue()
             self.proc = self._ctx.Process(target=_paced_client,
                                           args=(self.base, self.rate, self.R, self._go, self._stop, self._q))
@@ -294,11 +301,7 @@ class _ControllerMode:
             self.proc.join(15)
             if self.proc.is_alive():
                 self.proc.kill()
-        self.ctl.send_signal(signal.SIGTERM)
-        try:
-            self.ctl.wait(15)
-        except subprocess.TimeoutExpired:
-            self.ctl.kill()
+        _stop_controller(self.ctl)
 
 
 def bench_host_cost(rate: float, R: int, duration: float, workdir: Path) -> dict:

@@ -107,6 +107,13 @@ class ControllerConfig:
     command: str = ""
 
     @property
+    def stale_refresh_s(self) -> float:
+        """How long after its last decision an engine with only new telemetry at the decided
+        request count gets a new one: ``decision_refresh_s``, never under
+        ``decision_interval_s`` (the least time between two decisions)."""
+        return max(self.decision_refresh_s, self.decision_interval_s)
+
+    @property
     def curve_enabled(self) -> bool:
         return bool(self.curve_secret_key_file)
 
@@ -738,9 +745,9 @@ class Controller:
 
         An engine's decision is due ``decision_interval_s`` after its last one when it is
         ``dirty`` (registered, its request count changed, its policy was set, a heartbeat
-        found the decision half expired), ``decision_refresh_s`` after it when only
-        ``stale`` (telemetry at the decided request count), never while it is silent past
-        ``engine_timeout_s``."""
+        found the decision half expired), ``ControllerConfig.stale_refresh_s`` after it
+        when only ``stale`` (telemetry at the decided request count), never while it is
+        silent past ``engine_timeout_s``."""
         cfg = self.config
         now = time.monotonic()
         refresh = min(NO_DRAFT_REFRESH_S, cfg.decision_valid_s / 4)
@@ -759,7 +766,7 @@ class Controller:
             if eng.dirty:
                 due = eng.last_decision_at + cfg.decision_interval_s
             elif eng.stale:
-                due = eng.last_decision_at + cfg.decision_refresh_s
+                due = eng.last_decision_at + cfg.stale_refresh_s
             else:
                 continue
             if due > now:

@@ -178,7 +178,7 @@ class SimController:
         self.ctrl = Controller(config=cfg)
         self.gamma = gamma
         self.interval = decision_interval_s
-        self.refresh = max(cfg.decision_refresh_s, decision_interval_s)
+        self.refresh = cfg.stale_refresh_s
         self.send_verify_lens = send_verify_lens
         self._fp = EngineFingerprint(target_model="sim-target", draft_model="sim-draft", gamma=gamma,
                                      device_name="sim")
@@ -221,7 +221,7 @@ class SimController:
 
     def latest(self, idx: int, now: float, R: int) -> Optional[Any]:
         """The decision the worker holds at ``now``: a new one ``interval`` after the last when
-        R changed since, ``decision_refresh_s`` after it when not (the controller's cadence,
+        R changed since, ``stale_refresh_s`` after it when not (the controller's cadence,
         ``Controller._tick``, with telemetry every step)."""
         from dspark_controller.service.client import carry_curve
 
