@@ -233,6 +233,28 @@ def all_seams() -> list[Seam]:
              "no-draft steps are off while SGLang's draft recorders run (no_draft.no_draft_refusal, "
              "also SGLANG_DSPARK_STS_COLLECT_PATH)", cpu_only=False),
     ]
+    # req_to_token rows that hold DSpark's decode reserve at page size 1 (kv_headroom.py)
+    from sglang_dspark import kv_headroom
+
+    _sizing = "get_req_to_token_extra_context_len"
+    seams += [
+        Seam(f"sglang.srt.mem_cache.kv_cache_configurator.{_sizing}", "after",
+             "the req_to_token row headroom the scheduler's pool is built with (imported by name "
+             "there): at least DSpark's decode reserve, 2 x num_draft_tokens + page_size - 1, "
+             "which SGLang applies only at page size > 1 (kv_headroom.py)", cpu_only=False,
+             hook=kv_headroom.widen_for_dspark),
+        Seam(f"sglang.srt.mem_cache.allocation_sizing.{_sizing}", "after",
+             "the same rule where the function is defined, for any caller through the module",
+             cpu_only=False, hook=kv_headroom.widen_for_dspark),
+        Seam("sglang.srt.speculative.dflash_info_v2.DFlashDraftInputV2.prepare_for_decode", "requires",
+             "rule mirrored: DSpark's decode step reserves committed + 2 x "
+             "speculative_num_draft_tokens slots per request, page-aligned (kv_headroom.py)",
+             cpu_only=False),
+        Seam("sglang.srt.mem_cache.allocation_sizing.get_alloc_page_size", "requires",
+             "the page size the reserve is rounded to (kv_headroom.py)", cpu_only=False),
+        Seam("sglang.srt.runtime_context.get_spec", "requires",
+             "the speculative algorithm and num_draft_tokens (kv_headroom.py)", cpu_only=False),
+    ]
     # plugin discovery: the CPU bootstrap's own distribution (plugin.skip_reason, cpu/boot.py)
     seams += [
         Seam("sglang.srt.plugins._get_excluded_dists", "requires",

@@ -22,6 +22,29 @@ def load_benchmark(name: str):
     return module
 
 
+def hf_greedy(target: str, prompt: str, n: int, *, ignore_eos: bool = False) -> list[int]:
+    """The target's greedy continuation of ``prompt`` (``n`` tokens, fewer at its EOS unless
+    ``ignore_eos``, which decodes on past it as SGLang's ``ignore_eos`` does) by HF
+    transformers: an engine-independent reference for lossless checks."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    ids = tok(prompt, return_tensors="pt").input_ids
+    if not ignore_eos:
+        out = model.generate(ids, max_new_tokens=n, do_sample=False)
+        return out[0, ids.shape[1]:].tolist()
+    tokens, past, x = [], None, ids
+    with torch.no_grad():
+        for _ in range(n):
+            step = model(input_ids=x, past_key_values=past, use_cache=True)
+            past = step.past_key_values
+            tokens.append(int(step.logits[0, -1].argmax()))
+            x = torch.tensor([[tokens[-1]]])
+    return tokens
+
+
 def user_env() -> dict:
     """This process's environment without :data:`TEST_ONLY_ENV`: what a user's command sees."""
     return {k: v for k, v in os.environ.items() if k not in TEST_ONLY_ENV}

@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from dspark_testlib import TEST_ONLY_ENV, user_env
+from dspark_testlib import TEST_ONLY_ENV, hf_greedy, user_env
 from sglang_dspark.server_process import SGLangServer, http_json
 
 
@@ -30,22 +30,11 @@ def monkeypatch_module():
     mp.undo()
 
 
-def _hf_greedy(target, prompt, n):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(target)
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
-    ids = tok(prompt, return_tensors="pt").input_ids
-    out = model.generate(ids, max_new_tokens=n, do_sample=False)
-    return out[0, ids.shape[1]:].tolist()
-
-
 def test_generate_equals_hf_transformers_greedy(server, tiny_pair):
     for prompt, n in [("def parse(line):", 40), ("The quick brown fox", 25)]:
         r = http_json(server.url + "/generate", {
             "text": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": n}})
-        hf = _hf_greedy(tiny_pair["target"], prompt, n)
+        hf = hf_greedy(tiny_pair["target"], prompt, n)
         assert r["output_ids"] == hf[: len(r["output_ids"])]
         assert r["meta_info"]["spec_verify_ct"] < r["meta_info"]["completion_tokens"]
 
