@@ -140,14 +140,23 @@ class OnlineBudgetPlanner(HostConfidenceBudgetPlanner):
         self.recent_plan_s: deque = deque(maxlen=512)     # per-call, for the median
         self.last_arm: Optional[str] = None     # AbBudgetPlanner: the arm of the last step
         self._step_draft: Optional[bool] = None   # this decode step drafts (None: not asked yet)
+        self._plain = False     # the last step's batch needed plain decoding (a sampling penalty)
 
     # ------------------------------------------------------------------ draft or not
-    def step_draft(self, num_req: int) -> bool:
+    def step_draft(self, num_req: int, plain: Optional[bool] = None) -> bool:
         """Whether the coming decode step drafts (False: a no-draft step).  Asked once per
         step, by whichever comes first: SGLang's budget preparation for the step (overlap
-        scheduling) or the worker at the step's start; :meth:`end_step` closes the step."""
+        scheduling) or the worker at the step's start; :meth:`end_step` closes the step.
+        ``plain``: the step's batch needs plain decoding (:mod:`sglang_dspark.penalties`),
+        which no pin or arm overrides; None (SGLang's budget preparation, which has no
+        batch): as the last step that said."""
+        if plain is not None:
+            self._plain = bool(plain)
         if self._step_draft is None:
-            self._step_draft = self._gate(int(num_req))
+            if self._plain and self.policy.gate is not None:
+                self._step_draft = self.policy.draft_step(int(num_req), plain=True)
+            else:
+                self._step_draft = self._gate(int(num_req))
         return self._step_draft
 
     def end_step(self) -> None:

@@ -34,7 +34,7 @@ class WorkerMetrics:
         self.drafting = Gauge("sglang_dspark:drafting",
                               "1 if the latest decode step drafted, 0 if it was a no-draft step", **g)
         self.no_draft_steps = Counter("sglang_dspark:no_draft_steps",
-                                      "No-draft decode steps by reason (gate, probe, operator, controller, ab)",
+                                      "No-draft decode steps by reason (gate, probe, operator, controller, penalties, ab)",
                                       ["reason"])
         self.no_draft_seconds = Counter("sglang_dspark:no_draft_step_seconds",
                                         "Measured seconds of no-draft decode steps")

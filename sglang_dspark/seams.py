@@ -255,6 +255,31 @@ def all_seams() -> list[Seam]:
         Seam("sglang.srt.runtime_context.get_spec", "requires",
              "the speculative algorithm and num_draft_tokens (kv_headroom.py)", cpu_only=False),
     ]
+    # sampling penalties under DSPARK (penalties.py)
+    from sglang_dspark import penalties
+
+    seams += [
+        Seam("sglang.srt.speculative.dflash_info_v2.DFlashDraftInputV2.prepare_for_decode", "after",
+             "feed the penalizers each step's last committed token per request, as SGLang's plain "
+             "decode preparation does and its DSpark one does not (DSPARK only; penalties.py)",
+             cpu_only=False, hook=penalties.feed_committed),
+        Seam(f"{_verify}.apply_logits_adjustments_strided", "around",
+             "the ragged verify's logits adjustments: plain decoding's penalties on every position "
+             "first, then SGLang's adjustment without them (penalties.py)", cpu_only=False,
+             hook=penalties.adjust_strided),
+        Seam(f"{_verify}.apply_dflash_verify_logits_adjustments", "around",
+             "the uniform verify's logits adjustments, the same rule (penalties.py)", cpu_only=False,
+             hook=penalties.adjust_dflash),
+        Seam("sglang.srt.managers.schedule_batch.ScheduleBatch.cumulate_penalty_output_tokens", "requires",
+             "feeds the last output token per request to the penalizers (penalties.py)", cpu_only=False),
+        Seam("sglang.srt.sampling.penaltylib.repetition_penalty.apply_scaling_penalties", "requires",
+             "the overlap scheduler's scaling penalties applied as plain decoding applies them "
+             "(penalties.py)", cpu_only=False),
+        Seam("sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo.copy_for_forward", "requires",
+             "rule mirrored: under overlap scheduling the worker's sampling info carries "
+             "acc_additive_penalties / acc_scaling_penalties and no penalizer_orchestrator "
+             "(penalties.py; dataclasses.replace clears them for SGLang's adjustment)", cpu_only=False),
+    ]
     # plugin discovery: the CPU bootstrap's own distribution (plugin.skip_reason, cpu/boot.py)
     seams += [
         Seam("sglang.srt.plugins._get_excluded_dists", "requires",

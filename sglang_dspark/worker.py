@@ -29,6 +29,7 @@ from dspark_controller.core.strategies import UniformTimes, learn_step_time
 from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
 
 import sglang_dspark
+from sglang_dspark.penalties import needs_plain_decoding
 
 logger = logging.getLogger(__name__)
 
@@ -211,8 +212,13 @@ class DSparkControlledWorker(DSparkWorkerV2):
             return super()._forward_decode(batch, on_publish, grammar_barrier,
                                            coordination_plan=coordination_plan)
         planner = self._online_planner
-        drafting = (planner is None or self._null_proposer is None
-                    or planner.step_draft(len(batch.reqs)))
+        drafting = True
+        if planner is not None and self._null_proposer is not None:
+            plain = needs_plain_decoding(batch.sampling_info)   # a sampling penalty (penalties.py)
+            drafting = planner.step_draft(len(batch.reqs), plain)
+            if drafting and plain and self._policy.gate is not None:
+                drafting = False    # SGLang's budget preparation asked before this batch was known
+                self._policy.last_draft_reason = "penalties"
         if drafting and self._anchor_commit is not None:
             # the draft reads the context the off steps built; outside this step's clock,
             # so it is priced with the off steps (the gap after them), not this step

@@ -182,6 +182,18 @@ def test_no_draft_switch_and_disabled_policy_always_draft():
         assert all(pol.draft_step(32) for _ in range(200))
 
 
+def test_a_batch_that_needs_plain_decoding_never_drafts_whatever_pins_the_policy():
+    pol = BudgetPolicy(local_model=_model())
+    for pin in (True, None, False):
+        pol.operator_pin = pin
+        assert not pol.draft_step(4, plain=True)
+        assert pol.last_draft_reason == "penalties"
+    pol.operator_pin = None
+    assert pol.draft_step(4)            # the next batch without a penalty: the gate decides again
+    assert pol.last_draft_reason == "gate"
+    assert pol.gate.steps["no_draft"] == 3 and not pol.gate.off
+
+
 def test_off_times_follow_the_profile_and_fill_unmeasured_r_from_the_nearest():
     m = _model()
     t = OffTimes(m)

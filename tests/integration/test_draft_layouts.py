@@ -25,11 +25,6 @@ PROMPTS = ["def f(x):", "import os\nimport sys\n" * 4, "x",
            "class Point:\n    def __init__(self, x, y):\n"]
 MAX_NEW = [30, 21, 14, 25]
 SAMPLING = [{"temperature": 0.0, "max_new_tokens": n} for n in MAX_NEW]
-# sampling penalties (a second batch of every job): the trained pair repeats itself, so
-# these change its greedy output without speculation
-PENALIZED = ["import heapq\n\ndef top_k(items, k):"] * 3
-PENALTIES = [{"temperature": 0.0, "max_new_tokens": 40, **p} for p in (
-    {}, {"repetition_penalty": 1.3}, {"frequency_penalty": 0.8, "presence_penalty": 0.3})]
 
 _cache: dict = {}
 
@@ -41,14 +36,13 @@ def _run(tmp_path_factory, draft=None):
         if draft:
             kw.update(speculative_algorithm="DSPARK", speculative_draft_model_path=str(draft))
         job = {"engine": kw, "server_info": bool(draft),
-               "batches": [{"prompts": PROMPTS, "sampling": SAMPLING},
-                           {"prompts": PENALIZED, "sampling": PENALTIES}]}
+               "batches": [{"prompts": PROMPTS, "sampling": SAMPLING}]}
         _cache[key] = run_engine_job(job, tmp_path_factory.mktemp("job"))
     return _cache[key]
 
 
-def _ids(res, batch=0):
-    return [o["output_ids"] for o in res["results"][batch]]
+def _ids(res):
+    return [o["output_ids"] for o in res["results"][0]]
 
 
 def _verify_cts(res):
@@ -100,17 +94,3 @@ def test_missing_draft_path_stops_launch_in_one_line(tmp_path):
                      "not a Hugging Face repo id): pass an existing draft checkpoint directory "
                      "to --speculative-draft-model-path."], out[-3000:]
     assert "Traceback" not in out and "Repo id" not in out, out[-3000:]
-
-
-def test_penalties_change_the_pairs_greedy_output_without_speculation(tmp_path_factory):
-    plain, rep, freq = _ids(_run(tmp_path_factory), batch=1)
-    assert rep != plain and freq != plain
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "SGLang 0.5.23's DSpark verify never feeds committed tokens to the penalizers and applies "
-    "one penalty vector to a whole verify block (sgl-project/sglang#28180, #40244): repetition, "
-    "frequency and presence penalties are ignored under DSPARK, ours included "
-    "(docs/worker.md, 'Sampling penalties')"))
-def test_penalized_greedy_output_equals_the_non_speculative_engines(drafts, tmp_path_factory):
-    assert _ids(_run(tmp_path_factory, drafts["flat"]), batch=1) == _ids(_run(tmp_path_factory), batch=1)

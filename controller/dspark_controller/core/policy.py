@@ -301,17 +301,21 @@ class BudgetPolicy:
             self.gate.known_loss = self.drafting_known_to_lose
 
     # ------------------------------------------------------------------ draft or not
-    def draft_step(self, num_req: int) -> bool:
+    def draft_step(self, num_req: int, *, plain: bool = False) -> bool:
         """Before a step: draft it (True), or decode it without drafts (False).  From
-        earlier steps only: an operator's pin (:attr:`operator_pin`), a controller's fresh
-        ``no_draft`` pin, the gate's state, and an off step run to measure its time: at a
-        load where a vote wants it measured (:meth:`_vote`), else on a private-RNG coin.
-        :attr:`last_draft_reason` says which decided."""
+        earlier steps only: the step's batch needing plain decoding (``plain``: a sampling
+        penalty, which only a one-position verify applies exactly; reason ``penalties``), an
+        operator's pin (:attr:`operator_pin`), a controller's fresh ``no_draft`` pin, the
+        gate's state, and an off step run to measure its time: at a load where a vote wants
+        it measured (:meth:`_vote`), else on a private-RNG coin.  :attr:`last_draft_reason`
+        says which decided."""
         gate = self.gate
         if gate is None or num_req <= 0:
             self.last_draft_reason = "no_gate"
             return True
-        if self.operator_pin is not None:
+        if plain:
+            gate.pinned, reason = False, "penalties"
+        elif self.operator_pin is not None:
             gate.pinned, reason = self.operator_pin, "operator"
         else:
             d = self.latest_decision(self.config.decision_max_age_s) if self.latest_decision else None

@@ -1,0 +1,108 @@
+"""Sampling penalties under DSPARK: repetition, frequency, presence, ``min_new_tokens``.
+
+SGLang 0.5.23's DSpark applies none of them (docs/worker.md, "Sampling penalties"): its
+decode preparation never feeds the penalizers a committed token, and its verify adds one
+additive vector to every position of a block, applies a multiplicative penalty to zeros,
+and reads the overlap scheduler's precomputed penalties under a field name
+(``acc_linear_penalties``) that 0.5.23's ``SamplingBatchInfo`` never sets.  The rules here:
+
+* **The penalizers see the committed tokens** (:func:`feed_committed`, an AFTER hook on
+  ``DFlashDraftInputV2.prepare_for_decode`` under DSPARK): each decode step feeds the
+  batch's last output token per request, as SGLang's plain decode preparation does
+  (``ScheduleBatch.cumulate_penalty_output_tokens``).  A step that commits one token per
+  request leaves the penalizers exactly as plain decoding would; a drafted step's other
+  accepted tokens are not fed (EAGLE's relaxed rule in SGLang).
+* **The verify penalises as plain decoding does** (:func:`penalised_adjustments`, AROUND
+  hooks on both of SGLang's DSpark verify adjustments): every position of the verify
+  block gets the penalizers' own transform (without overlap scheduling) or the overlap
+  scheduler's precomputed additive and scaling penalties (with it), and SGLang's
+  adjustment then runs without them (its custom processors, grammar mask and logit bias).
+* **A batch with a penalty decodes without drafts** (:func:`needs_plain_decoding`; the
+  worker's no-draft step, reason ``penalties``): position k of a drafted block would need
+  the counts of drafts 1..k-1, which no verify here applies, so only one position per
+  step is exact.  With it, greedy output with a penalty equals plain decoding's token for
+  token (``compact`` and ``cap-accept`` modes).  Where a step must draft (SGLang's
+  ``static`` mode, no no-draft route) the drafts are verified under the relaxed penalty:
+  every position penalised as the block's first.
+
+Nothing here runs for a batch without penalties beyond one attribute check per step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+__all__ = ["needs_plain_decoding", "feed_committed", "penalised_adjustments",
+           "adjust_strided", "adjust_dflash"]
+
+
+def needs_plain_decoding(sampling_info: Any) -> bool:
+    """The batch has a request with a sampling penalty (the penalizers are required, or,
+    under overlap scheduling, their precomputed penalties are set)."""
+    if sampling_info is None:
+        return False
+    orch = getattr(sampling_info, "penalizer_orchestrator", None)
+    return bool((orch is not None and orch.is_required)
+                or getattr(sampling_info, "acc_additive_penalties", None) is not None
+                or getattr(sampling_info, "acc_scaling_penalties", None) is not None)
+
+
+@functools.lru_cache(maxsize=1)
+def _is_dspark() -> bool:
+    from sglang.srt.runtime_context import get_spec
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    algo = get_spec().speculative_algorithm
+    return algo is not None and SpeculativeAlgorithm.from_string(algo) == SpeculativeAlgorithm.DSPARK
+
+
+def feed_committed(result: Any, draft_input: Any, batch: Any, *args, **kwargs) -> Any:
+    """AFTER hook on ``DFlashDraftInputV2.prepare_for_decode(self, batch)``: feed the
+    penalizers the batch's last committed token per request (DSPARK only)."""
+    orch = getattr(getattr(batch, "sampling_info", None), "penalizer_orchestrator", None)
+    if orch is not None and orch.is_required and batch.batch_size() > 0 and _is_dspark():
+        batch.cumulate_penalty_output_tokens()
+    return result
+
+
+def _penalise(logits_3d: Any, sampling_info: Any) -> None:
+    """Plain decoding's penalties on every position of ``logits_3d`` ([bs, width, vocab])."""
+    from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
+
+    orch = getattr(sampling_info, "penalizer_orchestrator", None)
+    if orch is not None and orch.is_required:       # without overlap: the penalizers' own transform
+        for k in range(logits_3d.shape[1]):
+            orch.apply(logits_3d[:, k, :])
+        return
+    add = getattr(sampling_info, "acc_additive_penalties", None)
+    scale = getattr(sampling_info, "acc_scaling_penalties", None)
+    if add is not None:
+        logits_3d.add_(add.to(device=logits_3d.device, dtype=logits_3d.dtype)[:, None, :])
+    if scale is not None:
+        apply_scaling_penalties(logits_3d, scale.to(device=logits_3d.device, dtype=logits_3d.dtype)[:, None, :])
+
+
+def penalised_adjustments(width_kw: str) -> Callable:
+    """An AROUND hook for one of SGLang's DSpark verify adjustments (keyword-only
+    arguments ``next_token_logits``, ``sampling_info`` and ``width_kw``, the block width):
+    plain decoding's penalties first, then SGLang's adjustment without them."""
+
+    def hook(original: Callable, **kwargs) -> Any:
+        info = kwargs.get("sampling_info")
+        if not needs_plain_decoding(info):
+            return original(**kwargs)
+        logits = kwargs["next_token_logits"]
+        bs = len(info)
+        _penalise(logits.view(bs, int(kwargs[width_kw]), logits.shape[-1]), info)
+        kwargs["sampling_info"] = dataclasses.replace(info, penalizer_orchestrator=None,
+                                                      acc_additive_penalties=None, acc_scaling_penalties=None)
+        return original(**kwargs)
+
+    hook.__qualname__ = f"penalised_adjustments({width_kw})"
+    return hook
+
+
+adjust_strided = penalised_adjustments("verify_num_draft_tokens")   # the ragged verify's
+adjust_dflash = penalised_adjustments("draft_token_num")            # the uniform verify's
