@@ -6,12 +6,14 @@ speculative_num_draft_tokens`` (``DFlashDraftInputV2.prepare_for_decode``: the o
 double buffer), rounded up to a page.  SGLang 0.5.23 sizes the row ``context_len +
 get_req_to_token_extra_context_len()`` wide, and that headroom covers the reserve only at
 page size > 1 (or for UNO); at page size 1, DSpark's default, it is ``4 +
-num_draft_tokens``.  With ``gamma + 1 = num_draft_tokens > 4 + 4`` (gamma 9 or more), a
-request that decodes to within ``num_draft_tokens - 4`` tokens of the context limit gets a
-reserve past its row: on a GPU the reserve's slot numbers are written into the next
-request's row (that request then reads another request's KV), the release clamps at the
-row's end, and the slots past it never return to the pool; SGLang's idle check then stops
-the server (``pool memory leak detected``).  Seen on CPU with a gamma-12 drafter and
+num_draft_tokens``, so a request whose committed length comes within ``num_draft_tokens -
+4`` tokens of the context limit gets a reserve past its row.  SGLang ends a request a few
+tokens short of the limit (committed at most ``context_len - 5`` at a decode step on CPU,
+measured), so gamma 9 or more (``num_draft_tokens`` 10 or more) reaches it: on a GPU the
+reserve's slot numbers are written into the next request's row (that request then reads
+another request's KV), the release clamps at the row's end, and the slots past it never
+return to the pool; SGLang's idle check then stops the server (``pool memory leak
+detected``).  Seen on CPU with a gamma-12 drafter and
 ``--context-length 96`` (docs/worker.md, "Requests that reach the context limit");
 upstream: sgl-project/sglang#33579, open for 0.5.23.
 
