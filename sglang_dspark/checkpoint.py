@@ -513,8 +513,10 @@ def _report_in_one_line() -> None:
 def _dspark_view(server_args):
     from sglang.srt.arg_groups.overrides import resolving_view
 
+    from sglang_dspark.seams import names_dspark
+
     cfg = resolving_view(server_args)
-    if str(getattr(cfg, "speculative_algorithm", "") or "").upper() != "DSPARK":
+    if not names_dspark(getattr(cfg, "speculative_algorithm", None)):
         return None
     return cfg
 

@@ -40,10 +40,10 @@ def widen_for_dspark(result: int, *args, **kwargs) -> int:
     raised to :func:`dspark_row_headroom` under DSPARK."""
     from sglang.srt.mem_cache.allocation_sizing import get_alloc_page_size
     from sglang.srt.runtime_context import get_spec
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from sglang_dspark.seams import names_dspark
 
     spec = get_spec()
-    if (spec.speculative_algorithm is None or not spec.speculative_num_draft_tokens
-            or SpeculativeAlgorithm.from_string(spec.speculative_algorithm) != SpeculativeAlgorithm.DSPARK):
+    if not names_dspark(spec.speculative_algorithm) or not spec.speculative_num_draft_tokens:
         return result
     return max(int(result), dspark_row_headroom(spec.speculative_num_draft_tokens, get_alloc_page_size()))

@@ -52,10 +52,10 @@ def needs_plain_decoding(sampling_info: Any) -> bool:
 @functools.lru_cache(maxsize=1)
 def _is_dspark() -> bool:
     from sglang.srt.runtime_context import get_spec
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    algo = get_spec().speculative_algorithm
-    return algo is not None and SpeculativeAlgorithm.from_string(algo) == SpeculativeAlgorithm.DSPARK
+    from sglang_dspark.seams import names_dspark
+
+    return names_dspark(get_spec().speculative_algorithm)
 
 
 def feed_committed(result: Any, draft_input: Any, batch: Any, *args, **kwargs) -> Any:

@@ -55,6 +55,12 @@ class SeamError(RuntimeError):
     pass
 
 
+def names_dspark(algorithm) -> bool:
+    """A ``--speculative-algorithm`` value names DSPARK (SGLang reads it upper-cased, and
+    reserves the name: no alias or registered algorithm takes it)."""
+    return str(algorithm or "").upper() == "DSPARK"
+
+
 def sglang_version() -> str:
     try:
         from importlib.metadata import version

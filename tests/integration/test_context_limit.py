@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from dspark_testlib import TEST_ONLY_ENV, hf_greedy
+from dspark_testlib import hf_greedy
 from sglang_dspark.server_process import SGLangServer, http_json
 
 CONTEXT = 96
@@ -30,10 +30,7 @@ def pair(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(pair):
-    mp = pytest.MonkeyPatch()
-    for k in TEST_ONLY_ENV:
-        mp.delenv(k, raising=False)
+def server(pair, users_environment):
     srv = SGLangServer(model_path=pair["target"], draft_path=pair["draft"],
                        extra_args=["--context-length", str(CONTEXT)])
     try:
@@ -41,7 +38,6 @@ def server(pair):
         yield srv
     finally:
         srv.stop()
-        mp.undo()
 
 
 def _generate(url, prompt, n):

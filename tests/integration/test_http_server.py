@@ -8,26 +8,17 @@ import urllib.request
 
 import pytest
 
-from dspark_testlib import TEST_ONLY_ENV, hf_greedy, user_env
+from dspark_testlib import hf_greedy, user_env
 from sglang_dspark.server_process import SGLangServer, http_json
 
 
 @pytest.fixture(scope="module")
-def server(tiny_pair, monkeypatch_module):
-    for k in TEST_ONLY_ENV:
-        monkeypatch_module.delenv(k, raising=False)
+def server(tiny_pair, users_environment):
     srv = SGLangServer(model_path=tiny_pair["target"], draft_path=tiny_pair["draft"],
                        extra_args=["--enable-metrics"], cpu_kv_tokens=None)
     srv.start()
     yield srv
     assert srv.stop() is not None
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    mp = pytest.MonkeyPatch()
-    yield mp
-    mp.undo()
 
 
 def test_generate_equals_hf_transformers_greedy(server, tiny_pair):

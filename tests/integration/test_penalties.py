@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from dspark_testlib import TEST_ONLY_ENV
 from sglang_dspark.server_process import SGLangServer, http_json
 
 PAIR = Path(__file__).resolve().parents[2] / "models" / "tiny-stdlib"
@@ -35,26 +34,20 @@ def _outputs(url: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def served():
-    mp = pytest.MonkeyPatch()
-    for k in TEST_ONLY_ENV:
-        mp.delenv(k, raising=False)
+def served(users_environment):
     out = {}
-    try:
-        for label, draft, env in (("plain", None, {}),
-                                  ("compact", PAIR / "draft", {"SGLANG_RAGGED_VERIFY_MODE": "compact"}),
-                                  ("static", PAIR / "draft", {})):
-            srv = SGLangServer(model_path=str(PAIR / "target"), draft_path=draft and str(draft), env=env)
-            srv.start()
-            try:
-                out[label] = _outputs(srv.url)
-                if draft:
-                    rec = srv.server_info()["internal_states"][0]["dspark_info_record"]["sglang_dspark"]
-                    out[label + "_no_draft"] = rec["no_draft"]
-            finally:
-                srv.stop()
-    finally:
-        mp.undo()
+    for label, draft, env in (("plain", None, {}),
+                              ("compact", PAIR / "draft", {"SGLANG_RAGGED_VERIFY_MODE": "compact"}),
+                              ("static", PAIR / "draft", {})):
+        srv = SGLangServer(model_path=str(PAIR / "target"), draft_path=draft and str(draft), env=env)
+        srv.start()
+        try:
+            out[label] = _outputs(srv.url)
+            if draft:
+                rec = srv.server_info()["internal_states"][0]["dspark_info_record"]["sglang_dspark"]
+                out[label + "_no_draft"] = rec["no_draft"]
+        finally:
+            srv.stop()
     return out
 
 
