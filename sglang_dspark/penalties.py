@@ -21,7 +21,8 @@ and reads the overlap scheduler's precomputed penalties under a field name
   worker's no-draft step, reason ``penalties``): position k of a drafted block would need
   the counts of drafts 1..k-1, which no verify here applies, so only one position per
   step is exact.  With it, greedy output with a penalty equals plain decoding's token for
-  token in ``compact`` mode (``cap-accept``: docs/worker.md).  Where a step must draft (SGLang's
+  token in ``compact`` and ``cap-accept`` mode (up to the verify forward's rounding where a
+  no-draft step is SGLang's verify: docs/worker.md).  Where a step must draft (SGLang's
   ``static`` mode, no no-draft route) the drafts are verified under the relaxed penalty:
   every position penalised as the block's first.
 
