@@ -3,7 +3,8 @@
 * greedy output equals the non-speculative engine's, token for token, with drafting
   switched on and off at random steps (the A/B arms ``off`` and a drafted arm), requests
   joining and finishing while off, in compact mode (off steps as plain decoding,
-  ``PlainDecodeStep``) and cap-accept mode (off steps inside SGLang's verify);
+  ``PlainDecodeStep``) and cap-accept mode (off steps inside SGLang's verify), and with
+  SGLang retracting requests under (simulated) KV-pool pressure while it switches;
 * a drafted step after no-draft steps drafts exactly what an always-drafting run drafts
   for the same context: draft tokens and confidences compared through SGLang's own
   per-step records (``SGLANG_DSPARK_DEBUG_DUMP=all``).
@@ -74,6 +75,23 @@ def test_random_no_draft_steps_keep_greedy_output(mode, arms, tiny_pair, tmp_pat
     # the drafted arm still accepted drafts (speculation really ran between off steps)
     drafted = [a for a in tot if a != "off"][0]
     assert tot[drafted]["tokens"] > tot[drafted]["requests"]
+
+
+# SGLang's own retraction switch: every second decode step takes the batch's
+# least-advanced request back to the waiting queue (its KV freed), as when the KV pool runs
+# out; it re-enters through prefill with its output so far, often while drafting is off
+@pytest.mark.parametrize("mode,arms", [("compact", "off,policy"), ("cap-accept", "off,fixed@1")])
+def test_retracted_requests_keep_greedy_output_while_drafting_switches(mode, arms, tiny_pair,
+                                                                       tmp_path_factory):
+    base = nospec_ids(tiny_pair, PROMPTS, MAX_NEW, tmp_path_factory)
+    spec = _job(tiny_pair, tmp_path_factory, spec_env={
+        "SGLANG_RAGGED_VERIFY_MODE": mode, "SGLANG_DSPARK_AB_ARMS": arms, "SGLANG_DSPARK_AB_SEED": "3",
+        "SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "2"})
+    assert _ids(spec) == base
+    retractions = [o["meta_info"]["num_retractions"] for o in spec["results"][0]]
+    assert sum(retractions) >= 3, retractions
+    tot = _state(spec)["sglang_dspark"]["ab"]["totals"]
+    assert min(t["steps"] for t in tot.values()) >= 5, tot
 
 
 def test_overlap_scheduling_keeps_greedy_output_and_plans_unknown_relayed_rows_as_unknown(
