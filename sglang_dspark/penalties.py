@@ -11,7 +11,8 @@ and reads the overlap scheduler's precomputed penalties under a field name
   batch's last output token per request, as SGLang's plain decode preparation does
   (``ScheduleBatch.cumulate_penalty_output_tokens``).  A step that commits one token per
   request leaves the penalizers exactly as plain decoding would; a drafted step's other
-  accepted tokens are not fed (EAGLE's relaxed rule in SGLang).
+  accepted tokens are not fed (EAGLE's relaxed rule in SGLang), so where steps draft
+  (``static`` mode) ``min_new_tokens`` counts steps and holds stop tokens back longer.
 * **The verify penalises as plain decoding does** (:func:`penalised_adjustments`, AROUND
   hooks on both of SGLang's DSpark verify adjustments): every position of the verify
   block gets the penalizers' own transform (without overlap scheduling) or the overlap
