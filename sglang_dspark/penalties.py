@@ -11,8 +11,8 @@ and reads the overlap scheduler's precomputed penalties under a field name
   batch's last output token per request, as SGLang's plain decode preparation does
   (``ScheduleBatch.cumulate_penalty_output_tokens``).  A step that commits one token per
   request leaves the penalizers exactly as plain decoding would; a drafted step's other
-  accepted tokens are not fed (EAGLE's relaxed rule in SGLang), so where steps draft
-  (``static`` mode) ``min_new_tokens`` counts steps and holds stop tokens back longer.
+  accepted tokens are not fed (EAGLE's relaxed rule in SGLang), but ``min_new_tokens``
+  counts them: its count is raised to the committed output length.
 * **The verify penalises as plain decoding does** (:func:`penalised_adjustments`, AROUND
   hooks on both of SGLang's DSpark verify adjustments): every position of the verify
   block gets the penalizers' own transform (without overlap scheduling) or the overlap
@@ -60,12 +60,29 @@ def _is_dspark() -> bool:
     return names_dspark(get_spec().speculative_algorithm)
 
 
+def _min_new_tokens(orch: Any) -> Any:
+    """The orchestrator's prepared ``min_new_tokens`` penalizer, or None."""
+    from sglang.srt.sampling.penaltylib.min_new_tokens import BatchedMinNewTokensPenalizer
+
+    pen = orch.penalizers.get(BatchedMinNewTokensPenalizer)
+    return pen if pen is not None and pen.is_prepared() else None
+
+
 def feed_committed(result: Any, draft_input: Any, batch: Any, *args, **kwargs) -> Any:
     """AFTER hook on ``DFlashDraftInputV2.prepare_for_decode(self, batch)``: feed the
-    penalizers the batch's last committed token per request (DSPARK only)."""
+    penalizers the batch's last committed token per request (DSPARK only), and give the
+    ``min_new_tokens`` penalizer each request's committed output length where that is
+    more than the tokens fed (a drafted step commits several)."""
     orch = getattr(getattr(batch, "sampling_info", None), "penalizer_orchestrator", None)
     if orch is not None and orch.is_required and batch.batch_size() > 0 and _is_dspark():
         batch.cumulate_penalty_output_tokens()
+        mnt = _min_new_tokens(orch)
+        if mnt is not None:
+            import torch
+
+            count = mnt.len_output_tokens
+            lens = torch.tensor([len(r.output_ids) for r in batch.reqs], dtype=count.dtype)
+            torch.maximum(count, lens.to(count.device, non_blocking=True)[:, None], out=count)
     return result
 
 

@@ -278,6 +278,10 @@ def all_seams() -> list[Seam]:
              hook=penalties.adjust_dflash),
         Seam("sglang.srt.managers.schedule_batch.ScheduleBatch.cumulate_penalty_output_tokens", "requires",
              "feeds the last output token per request to the penalizers (penalties.py)", cpu_only=False),
+        Seam("sglang.srt.sampling.penaltylib.min_new_tokens.BatchedMinNewTokensPenalizer", "requires",
+             "found in BatchedPenalizerOrchestrator.penalizers (a dict keyed by penalizer class); "
+             "its len_output_tokens ([bs, 1]) is the generated-token count its mask compares with "
+             "min_new_tokens (penalties.py sets it to the committed output length)", cpu_only=False),
         Seam("sglang.srt.sampling.penaltylib.repetition_penalty.apply_scaling_penalties", "requires",
              "the overlap scheduler's scaling penalties applied as plain decoding applies them "
              "(penalties.py)", cpu_only=False),
