@@ -15,9 +15,12 @@ and reads the overlap scheduler's precomputed penalties under a field name
   counts them: its count is raised to the committed output length.
 * **The verify penalises as plain decoding does** (:func:`penalised_adjustments`, AROUND
   hooks on both of SGLang's DSpark verify adjustments): every position of the verify
-  block gets the penalizers' own transform (without overlap scheduling) or the overlap
-  scheduler's precomputed additive and scaling penalties (with it), and SGLang's
-  adjustment then runs without them (its custom processors, grammar mask and logit bias).
+  block gets the precomputed additive and scaling penalties of the forward's copy of the
+  sampling info (``SamplingBatchInfo.copy_for_forward``, which SGLang 0.5.23 makes for
+  every forward; the penalizers' own transform where the orchestrator is still there),
+  ``min_new_tokens`` position by position (:func:`stash_min_new_tokens`: position k is
+  generated token ``count + k``), and SGLang's adjustment then runs without them (its
+  custom processors, grammar mask and logit bias).
 * **A batch with a penalty decodes without drafts** (:func:`needs_plain_decoding`; the
   worker's no-draft step, reason ``penalties``): position k of a drafted block would need
   the counts of drafts 1..k-1, which no verify here applies, so only one position per
@@ -36,8 +39,8 @@ import dataclasses
 import functools
 from typing import Any, Callable
 
-__all__ = ["needs_plain_decoding", "feed_committed", "penalised_adjustments",
-           "adjust_strided", "adjust_dflash"]
+__all__ = ["needs_plain_decoding", "feed_committed", "stash_min_new_tokens", "MinNewTokensAhead",
+           "penalised_adjustments", "adjust_strided", "adjust_dflash"]
 
 
 def needs_plain_decoding(sampling_info: Any) -> bool:
@@ -86,6 +89,43 @@ def feed_committed(result: Any, draft_input: Any, batch: Any, *args, **kwargs) -
     return result
 
 
+@dataclasses.dataclass(frozen=True)
+class MinNewTokensAhead:
+    """``min_new_tokens`` for a verify block, position by position: position k of request
+    r is generated token ``count[r] + k``, held back from the stop tokens (``stop``, -inf
+    there) while that is below ``minimum[r]``.  ``additive``: the step's other additive
+    penalties (SGLang's precomputed sum without this one), or None."""
+
+    count: Any          # [bs, 1] committed output length at the step
+    minimum: Any        # [bs, 1]
+    stop: Any           # [bs, vocab]
+    additive: Any
+
+
+def stash_min_new_tokens(original: Callable, info: Any, *args, **kwargs) -> Any:
+    """AROUND hook on ``SamplingBatchInfo.copy_for_forward(self)`` (DSPARK only): the
+    forward's copy carries :class:`MinNewTokensAhead` (attribute ``dspark_min_new``) when a
+    request of the batch has ``min_new_tokens``, so the verify can mask each position as
+    plain decoding masks that token instead of every position as the block's first."""
+    out = original(info, *args, **kwargs)
+    orch = info.penalizer_orchestrator
+    if orch is None or not orch.is_required or out.acc_additive_penalties is None or not _is_dspark():
+        return out
+    mnt = _min_new_tokens(orch)
+    if mnt is None:
+        return out
+    additive = None
+    others = [p for p in orch.penalizers.values() if p is not mnt and not p.is_multiplicative
+              and p.is_prepared()]
+    if others:
+        additive = out.acc_additive_penalties.new_zeros(out.acc_additive_penalties.shape)
+        for pen in others:
+            pen.apply(additive)
+    out.dspark_min_new = MinNewTokensAhead(count=mnt.len_output_tokens.clone(), minimum=mnt.min_new_tokens,
+                                           stop=mnt.stop_token_penalties, additive=additive)
+    return out
+
+
 def _penalise(logits_3d: Any, sampling_info: Any) -> None:
     """Plain decoding's penalties on every position of ``logits_3d`` ([bs, width, vocab])."""
     from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
@@ -97,6 +137,15 @@ def _penalise(logits_3d: Any, sampling_info: Any) -> None:
         return
     add = getattr(sampling_info, "acc_additive_penalties", None)
     scale = getattr(sampling_info, "acc_scaling_penalties", None)
+    ahead = getattr(sampling_info, "dspark_min_new", None)
+    if ahead is not None:
+        import torch
+
+        add = ahead.additive
+        pos = torch.arange(logits_3d.shape[1], device=ahead.count.device, dtype=ahead.count.dtype)
+        held = (ahead.count + pos[None, :]) < ahead.minimum                     # [bs, width]
+        logits_3d.add_(torch.where(held[:, :, None], ahead.stop[:, None, :], 0.0).to(
+            device=logits_3d.device, dtype=logits_3d.dtype))
     if add is not None:
         logits_3d.add_(add.to(device=logits_3d.device, dtype=logits_3d.dtype)[:, None, :])
     if scale is not None:

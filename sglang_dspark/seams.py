@@ -281,14 +281,21 @@ def all_seams() -> list[Seam]:
         Seam("sglang.srt.sampling.penaltylib.min_new_tokens.BatchedMinNewTokensPenalizer", "requires",
              "found in BatchedPenalizerOrchestrator.penalizers (a dict keyed by penalizer class); "
              "its len_output_tokens ([bs, 1]) is the generated-token count its mask compares with "
-             "min_new_tokens (penalties.py sets it to the committed output length)", cpu_only=False),
+             "min_new_tokens ([bs, 1]), stop_token_penalties ([bs, vocab], -inf at stop tokens) "
+             "the mask (penalties.py raises the count to the committed output length and masks "
+             "each verify position)", cpu_only=False),
         Seam("sglang.srt.sampling.penaltylib.repetition_penalty.apply_scaling_penalties", "requires",
              "the overlap scheduler's scaling penalties applied as plain decoding applies them "
              "(penalties.py)", cpu_only=False),
-        Seam("sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo.copy_for_forward", "requires",
-             "rule mirrored: under overlap scheduling the worker's sampling info carries "
+        Seam("sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo.copy_for_forward", "around",
+             "the forward's copy of the sampling info carries min_new_tokens per request "
+             "(count, minimum, stop tokens) and the other additive penalties without it, so "
+             "the verify masks each block position as plain decoding masks that token "
+             "(DSPARK only; penalties.py). Rule mirrored: the worker's sampling info is this "
+             "copy (the scheduler makes it for every forward, overlap or not): it carries "
              "acc_additive_penalties / acc_scaling_penalties and no penalizer_orchestrator "
-             "(penalties.py; dataclasses.replace clears them for SGLang's adjustment)", cpu_only=False),
+             "(dataclasses.replace clears them for SGLang's adjustment)", cpu_only=False,
+             hook=penalties.stash_min_new_tokens),
     ]
     # plugin discovery: the CPU bootstrap's own distribution (plugin.skip_reason, cpu/boot.py)
     seams += [

@@ -5,7 +5,8 @@ and presence penalties change its greedy output without speculation.  SGLang 0.5
 DSpark ignored them; with the plugin a compact- or cap-accept-mode server decodes a
 penalised batch without drafts and its greedy output equals plain decoding's token for
 token (a mixed batch and a request with logprobs, which takes SGLang's verify route,
-included); a static-mode server (no no-draft steps) applies them under the relaxed rule.
+included); a static-mode server (no no-draft steps) applies them under the relaxed rule,
+but ``min_new_tokens`` as plain decoding does (without overlap scheduling).
 Every server runs in float32, as the other greedy-equality tests do: a cap-accept
 no-draft step is SGLang's verify forward of the whole window, whose bfloat16 rounding
 differs from a decode forward's (docs/worker.md, "Sampling penalties").
@@ -22,9 +23,10 @@ PROMPT = "import heapq\n\ndef top_k(items, k):"
 PENALTIES = [{}, {"repetition_penalty": 1.3}, {"frequency_penalty": 0.8, "presence_penalty": 0.3},
              {"repetition_penalty": 1.2, "frequency_penalty": 0.5}]
 MIN_NEW = 15
-# the second: a static-mode step of up to 9 tokens commits where the stop token is due, so
-# a count of steps (not tokens) holds it back past max_new_tokens
-MIN_NEW_PROMPTS = [PROMPT, "import os\n"]
+# "import os\n": a static-mode step of up to 9 tokens commits where the stop token is due,
+# so a count of steps (not tokens) holds it back past max_new_tokens; "x = 1\n": the stop
+# token is due inside a drafted block that starts below the minimum
+MIN_NEW_PROMPTS = [PROMPT, "import os\n", "x = 1\n"]
 
 
 def _outputs(url: str) -> dict:
@@ -45,19 +47,24 @@ def _outputs(url: str) -> dict:
         min_new.append((stop, [http_json(url + "/generate", {"text": prompt, "sampling_params": {
             "temperature": 0, "max_new_tokens": 48, "stop_token_ids": [stop], **p}})["output_ids"]
             for p in ({}, {"min_new_tokens": MIN_NEW})]))
+    # with another additive penalty (SGLang's precomputed sum holds both)
+    with_freq = http_json(url + "/generate", {"text": PROMPT, "sampling_params": {
+        "temperature": 0, "max_new_tokens": 40, "stop_token_ids": [min_new[0][0]],
+        "min_new_tokens": 20, "frequency_penalty": 0.6}})["output_ids"]
     return {"single": single, "mixed": [r["output_ids"] for r in mixed], "logprob": logprob["output_ids"],
-            "min_new": min_new}
+            "min_new": min_new, "with_freq": with_freq}
 
 
 @pytest.fixture(scope="module")
 def served(users_environment):
     out = {}
-    for label, draft, mode in (("plain", None, None), ("compact", PAIR / "draft", "compact"),
-                               ("cap_accept", PAIR / "draft", "cap-accept"),
-                               ("static", PAIR / "draft", "static")):
+    for label, draft, mode, args in (("plain", None, None, []), ("compact", PAIR / "draft", "compact", []),
+                                     ("cap_accept", PAIR / "draft", "cap-accept", []),
+                                     ("static", PAIR / "draft", "static", []),
+                                     ("static_sync", PAIR / "draft", "static", ["--disable-overlap-schedule"])):
         srv = SGLangServer(model_path=str(PAIR / "target"), draft_path=draft and str(draft),
                            env={"SGLANG_RAGGED_VERIFY_MODE": mode} if mode else {},
-                           extra_args=["--dtype", "float32"])
+                           extra_args=["--dtype", "float32", *args])
         srv.start()
         try:
             out[label] = _outputs(srv.url)
@@ -82,7 +89,7 @@ def test_penalised_greedy_output_equals_plain_decoding(served, mode):
 
 
 def test_min_new_tokens_holds_back_the_stop_token(served):
-    for label in ("plain", "compact", "cap_accept", "static"):
+    for label in ("plain", "compact", "cap_accept", "static", "static_sync"):
         for prompt, (stop, (early, held)) in zip(MIN_NEW_PROMPTS, served[label]["min_new"]):
             assert early[-1] == stop and len(early) <= 5, (label, prompt)
             # held back until MIN_NEW tokens, then released: stopped by the stop token, not
@@ -96,6 +103,12 @@ def test_static_mode_applies_the_penalties(served):
     plain, *penalised = served["static"]["single"]
     assert plain == served["plain"]["single"][0]
     assert all(p != plain for p in penalised)
+
+
+def test_static_mode_without_overlap_holds_min_new_tokens_as_plain_decoding(served):
+    # each block position masked as the token it decides (under overlap scheduling the
+    # host's count lags the step in flight: held back longer, never released early)
+    assert served["static_sync"]["min_new"] == served["plain"]["min_new"]
 
 
 @pytest.mark.xfail(strict=True, reason=(
