@@ -17,7 +17,8 @@ and reads the overlap scheduler's precomputed penalties under a field name
   hooks on both of SGLang's DSpark verify adjustments): every position of the verify
   block gets the precomputed additive and scaling penalties of the forward's copy of the
   sampling info (``SamplingBatchInfo.copy_for_forward``, which SGLang 0.5.23 makes for
-  every forward; the penalizers' own transform where the orchestrator is still there),
+  every forward, so its DSpark verify never sees the orchestrator; where one is still
+  there, the penalizers' own transform),
   ``min_new_tokens`` position by position (:func:`stash_min_new_tokens`: position k is
   generated token ``count + k``), and SGLang's adjustment then runs without them (its
   custom processors, grammar mask and logit bias).
