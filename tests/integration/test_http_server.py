@@ -4,6 +4,7 @@
 
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 
 import pytest
@@ -59,6 +60,25 @@ def test_metrics_endpoint_has_dspark_metrics(server):
     assert 'sglang_dspark:budget_decisions_total{source=' in text or \
         "sglang_dspark:running_requests" in text
     assert "sglang:" in text  # SGLang's own metrics on the same endpoint
+
+
+def test_input_of_no_tokens_is_refused_and_the_server_lives(server, tiny_pair):
+    """SGLang 0.5.23's /generate accepts an input of no tokens and its scheduler dies
+    prefilling it (its OpenAI routes refuse an empty prompt themselves); the plugin answers
+    400 and the server keeps serving."""
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(tiny_pair["target"])("")["input_ids"] == []
+    params = {"temperature": 0, "max_new_tokens": 8}
+    for path, payload in [("/generate", {"text": "", "sampling_params": params}),
+                          ("/generate", {"input_ids": [[]], "sampling_params": params}),
+                          ("/generate", {"text": ["a", ""], "sampling_params": params})]:
+        with pytest.raises(urllib.error.HTTPError) as e:
+            http_json(server.url + path, payload)
+        assert e.value.code == 400, payload
+        assert "no tokens" in e.value.read().decode(), payload
+    r = http_json(server.url + "/generate", {"text": "x = 1", "sampling_params": params})
+    assert r["meta_info"]["completion_tokens"] == 8
 
 
 def _broken(tmp_path, tiny_pair, edit):
