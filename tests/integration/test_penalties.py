@@ -1,4 +1,5 @@
-"""Sampling penalties under DSPARK (sglang_dspark/penalties.py), on real servers.
+"""Sampling penalties and constrained decoding under DSPARK (sglang_dspark/penalties.py),
+on real servers.
 
 The committed trained pair (models/tiny-stdlib) repeats itself, so repetition, frequency
 and presence penalties change its greedy output without speculation.  SGLang 0.5.23's
@@ -10,8 +11,11 @@ but ``min_new_tokens`` as plain decoding does (without overlap scheduling).
 Every server runs in float32, as the other greedy-equality tests do: a cap-accept
 no-draft step is SGLang's verify forward of the whole window, whose bfloat16 rounding
 differs from a decode forward's (docs/worker.md, "Sampling penalties").
+Constrained decoding (regex, JSON schema, EBNF) equals plain decoding in every mode.
 """
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -27,9 +31,22 @@ MIN_NEW = 15
 # so a count of steps (not tokens) holds it back past max_new_tokens; "x = 1\n": the stop
 # token is due inside a drafted block that starts below the minimum
 MIN_NEW_PROMPTS = [PROMPT, "import os\n", "x = 1\n"]
+GRAMMAR_PROMPTS = ["def f(x):\n    return", "import json\nd = ", "x = "]
+REGEX = r" [a-z]+\([0-9]{1,3}\)\n"
+JSON_SCHEMA = json.dumps({"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                                           "n": {"type": "integer"}}, "required": ["name", "n"]})
+EBNF = 'root ::= "foo" | "bar(" [0-9]+ ")"'
 
 
 def _outputs(url: str) -> dict:
+    # constrained decoding (SGLang's grammar backend), alone and beside an unconstrained
+    # request; first, so that the penalised requests' no-draft steps come last
+    grammars = [{"regex": REGEX}, {"json_schema": JSON_SCHEMA}, {"ebnf": EBNF}, {}]
+    constrained = [http_json(url + "/generate", {"text": prompt, "sampling_params": {
+        "temperature": 0, "max_new_tokens": 40, **g}})["text"]
+        for prompt, g in zip(GRAMMAR_PROMPTS + GRAMMAR_PROMPTS[:1], grammars)]
+    beside = http_json(url + "/generate", {"text": [GRAMMAR_PROMPTS[0], "class Stack:"], "sampling_params": [
+        {"temperature": 0, "max_new_tokens": 40, "regex": REGEX}, {"temperature": 0, "max_new_tokens": 40}]})
     single = [http_json(url + "/generate", {"text": PROMPT, "sampling_params": {
         "temperature": 0, "max_new_tokens": 48, **p}})["output_ids"] for p in PENALTIES]
     mixed = http_json(url + "/generate", {
@@ -52,7 +69,8 @@ def _outputs(url: str) -> dict:
         "temperature": 0, "max_new_tokens": 40, "stop_token_ids": [min_new[0][0]],
         "min_new_tokens": 20, "frequency_penalty": 0.6}})["output_ids"]
     return {"single": single, "mixed": [r["output_ids"] for r in mixed], "logprob": logprob["output_ids"],
-            "min_new": min_new, "with_freq": with_freq}
+            "min_new": min_new, "with_freq": with_freq,
+            "constrained": constrained + [r["text"] for r in beside]}
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +127,17 @@ def test_static_mode_without_overlap_holds_min_new_tokens_as_plain_decoding(serv
     # each block position masked as the token it decides (under overlap scheduling the
     # host's count lags the step in flight: held back longer, never released early)
     assert served["static_sync"]["min_new"] == served["plain"]["min_new"]
+
+
+def test_constrained_greedy_output_equals_plain_decoding(served):
+    """regex, JSON schema and EBNF through SGLang's grammar backend, one request alone and
+    one beside an unconstrained request: every DSPARK mode decodes what plain decoding does."""
+    plain = served["plain"]["constrained"]
+    regex, _, ebnf, free, beside, _ = plain
+    assert re.fullmatch(REGEX, regex) and re.fullmatch(REGEX, beside) and regex != free
+    assert ebnf in ("foo",) or re.fullmatch(r"bar\([0-9]+\)", ebnf)
+    for label in ("compact", "cap_accept", "static", "static_sync"):
+        assert served[label]["constrained"] == plain, label
 
 
 @pytest.mark.xfail(strict=True, reason=(
