@@ -3,7 +3,8 @@
 * greedy output equals the non-speculative engine's, token for token, with drafting
   switched on and off at random steps (the A/B arms ``off`` and a drafted arm), requests
   joining and finishing while off, in compact mode (off steps as plain decoding,
-  ``PlainDecodeStep``) and cap-accept mode (off steps inside SGLang's verify), and with
+  ``PlainDecodeStep``) and cap-accept mode (off steps inside SGLang's verify), prompts
+  prefilled in chunks beside decoding requests and reusing radix-cache prefixes, and with
   SGLang retracting requests under (simulated) KV-pool pressure while it switches;
 * a drafted step after no-draft steps drafts exactly what an always-drafting run drafts
   for the same context: draft tokens and confidences compared through SGLang's own
@@ -21,11 +22,14 @@ _cache: dict = {}
 
 
 def _job(tiny_pair, tmp_path_factory, *, spec_env=None, prompts=PROMPTS, max_new=MAX_NEW,
-         max_running=3, dump=False, overlap=False):
-    key = (tuple(sorted((spec_env or {}).items())), tuple(prompts), tuple(max_new), max_running, dump, overlap)
+         max_running=3, dump=False, overlap=False, chunk=None):
+    key = (tuple(sorted((spec_env or {}).items())), tuple(prompts), tuple(max_new), max_running, dump,
+           overlap, chunk)
     if key in _cache:
         return _cache[key]
     kw = engine_kwargs(tiny_pair, dtype="float32", max_running_requests=max_running)
+    if chunk is not None:
+        kw["chunked_prefill_size"] = chunk
     if overlap:
         kw["disable_overlap_schedule"] = False
     env = {"SGLANG_DSPARK_LOG_INTERVAL_S": "0"}
@@ -50,13 +54,22 @@ def _state(res):
 
 
 # compact: the policy arm (its budgets, exploration included, and its own gate) between off
-# steps; cap-accept: every draft verified between off steps
+# steps; cap-accept: every draft verified between off steps. Prompts are prefilled in
+# chunks of CHUNK tokens beside the requests decoding, and later prompts reuse the radix
+# cache's prefixes of earlier ones (their draft-context rows possibly still queued)
+CHUNK = 8
+
+
 @pytest.mark.parametrize("mode,arms", [("compact", "off,policy"), ("cap-accept", "off,fixed@1")])
 def test_random_no_draft_steps_keep_greedy_output(mode, arms, tiny_pair, tmp_path_factory):
-    base = nospec_ids(tiny_pair, PROMPTS, MAX_NEW, tmp_path_factory)
-    spec = _job(tiny_pair, tmp_path_factory, spec_env={
+    prompts, max_new = PROMPTS + ["import os\nimport sys\n" * 4], MAX_NEW + [20]   # PROMPTS[2]'s prefix
+    base = nospec_ids(tiny_pair, prompts, max_new, tmp_path_factory)
+    spec = _job(tiny_pair, tmp_path_factory, prompts=prompts, max_new=max_new, chunk=CHUNK, spec_env={
         "SGLANG_RAGGED_VERIFY_MODE": mode, "SGLANG_DSPARK_AB_ARMS": arms, "SGLANG_DSPARK_AB_SEED": "3"})
     assert _ids(spec) == base
+    meta = [o["meta_info"] for o in spec["results"][0]]
+    assert max(m["prompt_tokens"] for m in meta) > 2 * CHUNK, meta     # chunked prefills
+    assert sum(m["cached_tokens"] for m in meta) >= CHUNK, meta         # radix-cache hits
     st = _state(spec)["sglang_dspark"]
     tot = st["ab"]["totals"]
     # both kinds of step ran, and often enough to switch back and forth many times
