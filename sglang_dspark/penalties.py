@@ -1,4 +1,5 @@
-"""Sampling penalties under DSPARK: repetition, frequency, presence, ``min_new_tokens``.
+"""Sampling penalties under DSPARK: repetition, frequency, presence, ``min_new_tokens``;
+and ``min_p``.
 
 SGLang 0.5.23's DSpark applies none of them (docs/worker.md, "Sampling penalties"): its
 decode preparation never feeds the penalizers a committed token, and its verify adds one
@@ -31,7 +32,18 @@ and reads the overlap scheduler's precomputed penalties under a field name
   ``static`` mode, no no-draft route) the drafts are verified under the relaxed penalty:
   every position penalised as the block's first.
 
-Nothing here runs for a batch without penalties beyond one attribute check per step.
+* **``min_p`` is applied in the verify** (:func:`_mask_below_min_p`, in the same hooks):
+  SGLang 0.5.23's DSpark verify ignores it (its target distribution applies temperature,
+  top-k and top-p only), so a sampled request with ``min_p`` drew tokens plain decoding
+  never draws. Masking the target logits below ``min_p`` times the most likely token's
+  probability, after every other adjustment, gives the rejection sampler plain decoding's
+  distribution, drafts or not (SGLang's plain sampler applies top-k, top-p and min-p to the
+  unfiltered probabilities; the verify's top-k commutes with the mask). With ``top_p`` below
+  1 as well the verify renormalises before its top-p cut: the tokens it may draw are a
+  subset of plain decoding's (a relaxed rule).
+
+Nothing here runs for a batch without penalties or ``min_p`` beyond two attribute checks
+per step.
 """
 
 from __future__ import annotations
@@ -153,21 +165,42 @@ def _penalise(logits_3d: Any, sampling_info: Any) -> None:
         apply_scaling_penalties(logits_3d, scale.to(device=logits_3d.device, dtype=logits_3d.dtype)[:, None, :])
 
 
+def _mask_below_min_p(logits_3d: Any, sampling_info: Any) -> None:
+    """Plain decoding's ``min_p`` on every position of ``logits_3d`` ([bs, width, vocab]):
+    a token whose probability at the request's temperature is below ``min_p`` times the
+    position's most likely token's gets ``-inf`` (``l < l_max + T ln min_p``); rows with
+    ``min_p`` 0 are untouched."""
+    import torch
+
+    min_ps = sampling_info.min_ps.to(device=logits_3d.device, dtype=torch.float32).view(-1, 1, 1)
+    temps = sampling_info.temperatures.to(device=logits_3d.device, dtype=torch.float32).view(-1, 1, 1)
+    margin = torch.where(min_ps > 0, temps * torch.log(min_ps.clamp(min=1e-30)),
+                         torch.full_like(min_ps, float("-inf")))
+    below = (logits_3d.float() - logits_3d.amax(dim=-1, keepdim=True).float()) < margin
+    logits_3d.masked_fill_(below, float("-inf"))
+
+
 def penalised_adjustments(width_kw: str) -> Callable:
     """An AROUND hook for one of SGLang's DSpark verify adjustments (keyword-only
     arguments ``next_token_logits``, ``sampling_info`` and ``width_kw``, the block width):
-    plain decoding's penalties first, then SGLang's adjustment without them."""
+    plain decoding's penalties first, then SGLang's adjustment without them, then
+    ``min_p`` (:func:`_mask_below_min_p`), which plain decoding's sampler applies last."""
 
     def hook(original: Callable, **kwargs) -> Any:
         info = kwargs.get("sampling_info")
-        if not needs_plain_decoding(info):
+        min_p = info is not None and getattr(info, "need_min_p_sampling", False)
+        if not min_p and not needs_plain_decoding(info):
             return original(**kwargs)
         logits = kwargs["next_token_logits"]
-        bs = len(info)
-        _penalise(logits.view(bs, int(kwargs[width_kw]), logits.shape[-1]), info)
-        kwargs["sampling_info"] = dataclasses.replace(info, penalizer_orchestrator=None,
-                                                      acc_additive_penalties=None, acc_scaling_penalties=None)
-        return original(**kwargs)
+        logits_3d = logits.view(len(info), int(kwargs[width_kw]), logits.shape[-1])
+        if needs_plain_decoding(info):
+            _penalise(logits_3d, info)
+            kwargs["sampling_info"] = dataclasses.replace(
+                info, penalizer_orchestrator=None, acc_additive_penalties=None, acc_scaling_penalties=None)
+        out = original(**kwargs)
+        if min_p:
+            _mask_below_min_p(logits_3d, info)
+        return out
 
     hook.__qualname__ = f"penalised_adjustments({width_kw})"
     return hook

@@ -297,15 +297,15 @@ def all_seams() -> list[Seam]:
              "(dataclasses.replace clears them for SGLang's adjustment)", cpu_only=False,
              hook=penalties.stash_min_new_tokens),
     ]
-    # a request SGLang would accept and then die on (request_guard.py)
+    # requests SGLang would accept and then die on (request_guard.py)
     from sglang_dspark import request_guard
 
     seams.append(Seam(
         "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", "before",
-        "refuse an input of no tokens with ValueError (HTTP 400) on a DSPARK server: SGLang "
-        "0.5.23 accepts it and its scheduler dies prefilling zero tokens (request_guard.py; "
-        "reads the manager's server_args.speculative_algorithm)", cpu_only=False,
-        hook=request_guard.refuse_empty_input))
+        "refuse input_ids that are empty or hold an id outside [0, vocab_size) with ValueError "
+        "(HTTP 400) on a DSPARK server: SGLang 0.5.23 accepts them and its scheduler dies "
+        "(request_guard.py; reads the manager's server_args.speculative_algorithm and "
+        "model_config.vocab_size)", cpu_only=False, hook=request_guard.refuse_bad_input_ids))
     # plugin discovery: the CPU bootstrap's own distribution (plugin.skip_reason, cpu/boot.py)
     seams += [
         Seam("sglang.srt.plugins._get_excluded_dists", "requires",

@@ -2,10 +2,12 @@
 --speculative-algorithm DSPARK --speculative-draft-model-path D --device cpu --port P
 (no environment variables), served over HTTP."""
 
+import json
 import subprocess
 import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -62,21 +64,25 @@ def test_metrics_endpoint_has_dspark_metrics(server):
     assert "sglang:" in text  # SGLang's own metrics on the same endpoint
 
 
-def test_input_of_no_tokens_is_refused_and_the_server_lives(server, tiny_pair):
-    """SGLang 0.5.23's /generate accepts an input of no tokens and its scheduler dies
-    prefilling it (its OpenAI routes refuse an empty prompt themselves); the plugin answers
-    400 and the server keeps serving."""
+def test_inputs_sglang_dies_on_are_refused_and_the_server_lives(server, tiny_pair):
+    """SGLang 0.5.23's /generate accepts an input of no tokens or an out-of-vocabulary id
+    and its scheduler dies on it (its OpenAI routes refuse an empty prompt themselves); the
+    plugin answers 400 and the server keeps serving."""
     from transformers import AutoTokenizer
 
     assert AutoTokenizer.from_pretrained(tiny_pair["target"])("")["input_ids"] == []
+    vocab = json.loads((Path(tiny_pair["target"]) / "config.json").read_text())["vocab_size"]
     params = {"temperature": 0, "max_new_tokens": 8}
-    for path, payload in [("/generate", {"text": "", "sampling_params": params}),
-                          ("/generate", {"input_ids": [[]], "sampling_params": params}),
-                          ("/generate", {"text": ["a", ""], "sampling_params": params})]:
+    for payload, message in [({"text": ""}, "no tokens"), ({"input_ids": [[]]}, "no tokens"),
+                             ({"text": ["a", ""]}, "no tokens"),
+                             ({"input_ids": [5, vocab, 7]}, f"token id {vocab}, outside"),
+                             ({"input_ids": [[5, 6], [5, -1]]}, "token id -1, outside")]:
         with pytest.raises(urllib.error.HTTPError) as e:
-            http_json(server.url + path, payload)
+            http_json(server.url + "/generate", {**payload, "sampling_params": params})
         assert e.value.code == 400, payload
-        assert "no tokens" in e.value.read().decode(), payload
+        assert message in e.value.read().decode(), payload
+    r = http_json(server.url + "/generate", {"input_ids": [5, vocab - 1, 7], "sampling_params": params})
+    assert r["meta_info"]["completion_tokens"] == 8
     r = http_json(server.url + "/generate", {"text": "x = 1", "sampling_params": params})
     assert r["meta_info"]["completion_tokens"] == 8
 

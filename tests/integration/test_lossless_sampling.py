@@ -7,6 +7,7 @@ transformers (same weights).  Tokens are bucketed by their rank under p_t; the
 bucket counts O have mean E = sum_t p_t(bucket) and covariance
 sum_t (diag(p_t) - p_t p_t^T) under the null, so X^2 = d^T C^-1 d (d = O - E, one
 bucket dropped) is chi-square with 4 degrees of freedom.  We reject at alpha = 0.001.
+The same holds with ``min_p`` (plain decoding's filter applied to p_t; no token below it).
 On the same contexts, the paper's Appendix A distortion (the top token's probability
 pushed halfway to 1, as when admission peeks at the realised token) is rejected:
 the test has the power to catch a lossy scheduler.
@@ -18,8 +19,10 @@ import pytest
 from dspark_testlib import engine_kwargs, run_engine_job
 
 CRITICAL_DF4_P001 = 18.467
+CRITICAL_P001 = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467}   # chi-square, by degrees of freedom
 BUCKETS = [(0, 1), (1, 2), (2, 3), (3, 10), (10, 1 << 30)]
 PROMPTS = ["def f(x):", "import os", "The quick brown", "class A:"]
+MIN_P = 0.002   # the soft pair: the top token ~0.77, a flat tail of ~0.0004 each (cut)
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +51,16 @@ def _chi2(counts: np.ndarray, probs: np.ndarray) -> float:
     return float(d @ np.linalg.solve(cov[:-1, :-1], d))
 
 
+def _chi2_merged(counts: np.ndarray, probs: np.ndarray) -> tuple[float, float]:
+    """X^2 over the buckets merged from the last one down until every bucket expects at
+    least 5 tokens (a filtered distribution leaves the tail buckets empty), and its
+    critical value at alpha = 0.001."""
+    while len(counts) > 2 and probs[:, -1].sum() < 5:
+        counts = np.append(counts[:-2], counts[-2:].sum())
+        probs = np.column_stack([probs[:, :-2], probs[:, -2:].sum(1)])
+    return _chi2(counts, probs), CRITICAL_P001[len(counts) - 1]
+
+
 def test_t1_distribution_matches_target_under_changing_budgets_and_no_draft_steps(soft_pair, tmp_path):
     """The A/B arms ``off`` and ``policy`` (a uniformly random budget on every drafted
     step) interleave no-draft steps and drafted steps at random (sglang_dspark.no_draft).
@@ -62,8 +75,8 @@ def test_t1_distribution_matches_target_under_changing_budgets_and_no_draft_step
            "SGLANG_DSPARK_AB_ARMS": "off,policy"}
     job = {"engine": kw, "server_info": True, "env": env,
            "batches": [{"prompts": [p], "n": n_per_prompt,
-                        "sampling": {"temperature": 1.0, "max_new_tokens": new,
-                                     "ignore_eos": True}} for p in PROMPTS]}
+                        "sampling": {"temperature": 1.0, "max_new_tokens": new, "ignore_eos": True,
+                                     **extra}} for extra in ({}, {"min_p": MIN_P}) for p in PROMPTS]}
     res = run_engine_job(job, tmp_path)
     sources = res["server_info"]["internal_states"][0]["dspark_info_record"]["sglang_dspark"][
         "budget_sources"]
@@ -72,24 +85,37 @@ def test_t1_distribution_matches_target_under_changing_budgets_and_no_draft_step
 
     tok = AutoTokenizer.from_pretrained(soft_pair["target"])
     model = AutoModelForCausalLM.from_pretrained(soft_pair["target"], dtype=torch.float32)
-    probs, counts, verified = [], np.zeros(len(BUCKETS)), 0
-    for prompt, batch in zip(PROMPTS, res["results"]):
-        pids = tok(prompt).input_ids
-        for o in batch:
-            out = o["output_ids"]
-            assert len(out) == new
-            verified += o["meta_info"]["spec_verify_ct"]
-            ids = torch.tensor([pids + out])
-            with torch.no_grad():
-                p_all = torch.softmax(model(ids).logits[0].double(), -1).numpy()
-            for k in range(1, new):  # positions decided by speculative verification
-                p = p_all[len(pids) + k - 1]
-                probs.append(_bucket_probs(p))
-                counts[_bucket_of(p, out[k])] += 1
-    probs = np.array(probs)
-    assert verified < len(PROMPTS) * n_per_prompt * new, "speculation accepted nothing"
+    def observed(results, min_p):
+        """The target's distributions (plain decoding's min_p applied) and the outputs'
+        bucket counts at every position decided by speculative verification."""
+        probs, counts, verified = [], np.zeros(len(BUCKETS)), 0
+        for prompt, batch in zip(PROMPTS, results):
+            pids = tok(prompt).input_ids
+            for o in batch:
+                out = o["output_ids"]
+                assert len(out) == new
+                verified += o["meta_info"]["spec_verify_ct"]
+                ids = torch.tensor([pids + out])
+                with torch.no_grad():
+                    p_all = torch.softmax(model(ids).logits[0].double(), -1).numpy()
+                for k in range(1, new):
+                    p = p_all[len(pids) + k - 1]
+                    if min_p:
+                        assert p[out[k]] >= min_p * p.max(), "a token min_p filters out"
+                        p = np.where(p < min_p * p.max(), 0.0, p)
+                        p = p / p.sum()
+                    probs.append(_bucket_probs(p))
+                    counts[_bucket_of(p, out[k])] += 1
+        assert verified < len(PROMPTS) * n_per_prompt * new, "speculation accepted nothing"
+        return np.array(probs), counts
+
+    probs, counts = observed(res["results"][:len(PROMPTS)], 0.0)
     x2 = _chi2(counts, probs)
     assert x2 < CRITICAL_DF4_P001, (x2, counts, probs.sum(0))
+    # min_p (SGLang 0.5.23's DSpark verify ignores it; sglang_dspark.penalties applies it)
+    mp_probs, mp_counts = observed(res["results"][len(PROMPTS):], MIN_P)
+    x2, critical = _chi2_merged(mp_counts, mp_probs)
+    assert x2 < critical, (x2, critical, mp_counts, mp_probs.sum(0))
 
     # power: the Appendix A distortion on the same contexts is rejected
     rng = np.random.default_rng(0)

@@ -11,7 +11,7 @@ but ``min_new_tokens`` as plain decoding does (without overlap scheduling).
 Every server runs in float32, as the other greedy-equality tests do: a cap-accept
 no-draft step is SGLang's verify forward of the whole window, whose bfloat16 rounding
 differs from a decode forward's (docs/worker.md, "Sampling penalties").
-Constrained decoding (regex, JSON schema, EBNF) equals plain decoding in every mode.
+Constrained decoding (regex, JSON schema, EBNF) and ``min_p`` equal plain decoding in every mode.
 """
 
 import json
@@ -47,6 +47,9 @@ def _outputs(url: str) -> dict:
         for prompt, g in zip(GRAMMAR_PROMPTS + GRAMMAR_PROMPTS[:1], grammars)]
     beside = http_json(url + "/generate", {"text": [GRAMMAR_PROMPTS[0], "class Stack:"], "sampling_params": [
         {"temperature": 0, "max_new_tokens": 40, "regex": REGEX}, {"temperature": 0, "max_new_tokens": 40}]})
+    # min_p 0.99 at temperature 1: only near-ties to the most likely token can be drawn
+    min_p = [r["output_ids"] for r in http_json(url + "/generate", {"text": [PROMPT] * 4, "sampling_params": {
+        "temperature": 1.0, "max_new_tokens": 24, "min_p": 0.99}})]
     single = [http_json(url + "/generate", {"text": PROMPT, "sampling_params": {
         "temperature": 0, "max_new_tokens": 48, **p}})["output_ids"] for p in PENALTIES]
     mixed = http_json(url + "/generate", {
@@ -70,7 +73,7 @@ def _outputs(url: str) -> dict:
         "min_new_tokens": 20, "frequency_penalty": 0.6}})["output_ids"]
     return {"single": single, "mixed": [r["output_ids"] for r in mixed], "logprob": logprob["output_ids"],
             "min_new": min_new, "with_freq": with_freq,
-            "constrained": constrained + [r["text"] for r in beside]}
+            "constrained": constrained + [r["text"] for r in beside], "min_p": min_p}
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +141,15 @@ def test_constrained_greedy_output_equals_plain_decoding(served):
     assert ebnf in ("foo",) or re.fullmatch(r"bar\([0-9]+\)", ebnf)
     for label in ("compact", "cap_accept", "static", "static_sync"):
         assert served[label]["constrained"] == plain, label
+
+
+def test_min_p_is_applied_as_plain_decoding_applies_it(served):
+    """SGLang 0.5.23's DSpark verify ignores min_p (1-5 of 24 tokens matched greedy's);
+    sglang_dspark.penalties masks the verify's target logits below it."""
+    greedy = served["plain"]["single"][0][:24]
+    assert served["plain"]["min_p"] == [greedy] * 4
+    for label in ("compact", "cap_accept", "static", "static_sync"):
+        assert served[label]["min_p"] == [greedy] * 4, label
 
 
 @pytest.mark.xfail(strict=True, reason=(
