@@ -26,7 +26,8 @@ def refuse_bad_input_ids(manager: Any, obj: Any, input_ids: Any, *args, **kwargs
     """BEFORE hook on ``TokenizerManager._validate_one_request(self, obj, input_ids)``
     (every single and batched request): on a DSPARK server a request whose ``input_ids``
     is empty or holds an id outside ``[0, model_config.vocab_size)`` is refused with
-    ``ValueError``. Requests without token ids (``input_embeds``) pass unchanged."""
+    ``ValueError``. Requests without token ids (``input_embeds``) pass unchanged; so do a
+    multimodal request's ids (its placeholders are SGLang's to resolve)."""
     if input_ids is None or not names_dspark(getattr(manager.server_args, "speculative_algorithm", None)):
         return None
     if len(input_ids) == 0:
@@ -34,6 +35,8 @@ def refuse_bad_input_ids(manager: Any, obj: Any, input_ids: Any, *args, **kwargs
             "The input has no tokens (empty text or input_ids): SGLang 0.5.23's scheduler "
             "cannot prefill an empty input, so sglang-dspark refuses it. Send at least one "
             "token (for example the tokenizer's BOS token).")
+    if any(getattr(obj, k, None) is not None for k in ("image_data", "video_data", "audio_data")):
+        return None     # multimodal ids are SGLang's to place (it clamps them for the lookup)
     vocab = manager.model_config.vocab_size
     low, high = min(input_ids), max(input_ids)
     if low < 0 or high >= vocab:

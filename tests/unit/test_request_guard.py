@@ -1,0 +1,32 @@
+"""request_guard's rule on its own (the real server's answer: tests/integration/test_http_server.py)."""
+
+from types import SimpleNamespace as NS
+
+import pytest
+
+from sglang_dspark.request_guard import refuse_bad_input_ids
+
+
+def _manager(algorithm="DSPARK", vocab=10):
+    return NS(server_args=NS(speculative_algorithm=algorithm), model_config=NS(vocab_size=vocab))
+
+
+TEXT = NS(image_data=None, video_data=None, audio_data=None)
+
+
+@pytest.mark.parametrize("ids,message", [([], "no tokens"), ([3, 10], "token id 10, outside"),
+                                         ([-1, 3], "token id -1, outside")])
+def test_dspark_refuses_what_sglang_dies_on(ids, message):
+    with pytest.raises(ValueError, match=message):
+        refuse_bad_input_ids(_manager(), TEXT, ids)
+
+
+def test_what_passes():
+    assert refuse_bad_input_ids(_manager(), TEXT, [0, 9]) is None          # the whole range
+    assert refuse_bad_input_ids(_manager(), TEXT, None) is None            # input_embeds
+    assert refuse_bad_input_ids(_manager("dspark"), TEXT, [0]) is None     # SGLang upper-cases
+    # other algorithms keep SGLang's behaviour; multimodal placeholders are SGLang's
+    assert refuse_bad_input_ids(_manager("EAGLE"), TEXT, []) is None
+    assert refuse_bad_input_ids(_manager(None), TEXT, [99]) is None
+    image = NS(image_data=["img"], video_data=None, audio_data=None)
+    assert refuse_bad_input_ids(_manager(), image, [99]) is None
