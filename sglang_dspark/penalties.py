@@ -176,8 +176,8 @@ def _mask_below_min_p(logits_3d: Any, sampling_info: Any) -> None:
     temps = sampling_info.temperatures.to(device=logits_3d.device, dtype=torch.float32).view(-1, 1, 1)
     margin = torch.where(min_ps > 0, temps * torch.log(min_ps.clamp(min=1e-30)),
                          torch.full_like(min_ps, float("-inf")))
-    below = (logits_3d.float() - logits_3d.amax(dim=-1, keepdim=True).float()) < margin
-    logits_3d.masked_fill_(below, float("-inf"))
+    threshold = logits_3d.amax(dim=-1, keepdim=True).float() + margin          # [bs, width, 1]
+    logits_3d.masked_fill_(logits_3d < threshold, float("-inf"))
 
 
 def penalised_adjustments(width_kw: str) -> Callable:

@@ -271,11 +271,17 @@ def all_seams() -> list[Seam]:
              cpu_only=False, hook=penalties.feed_committed),
         Seam(f"{_verify}.apply_logits_adjustments_strided", "around",
              "the ragged verify's logits adjustments: plain decoding's penalties on every position "
-             "first, then SGLang's adjustment without them (penalties.py)", cpu_only=False,
+             "first, then SGLang's adjustment without them, then min_p (reads the sampling "
+             "info's min_ps, temperatures, need_min_p_sampling; penalties.py)", cpu_only=False,
              hook=penalties.adjust_strided),
         Seam(f"{_verify}.apply_dflash_verify_logits_adjustments", "around",
              "the uniform verify's logits adjustments, the same rule (penalties.py)", cpu_only=False,
              hook=penalties.adjust_dflash),
+        Seam("sglang.srt.layers.sampler.top_k_top_p_min_p_sampling_from_probs_torch", "requires",
+             "rule mirrored: plain decoding's min_p keeps a token whose probability is at least "
+             "min_p times the most likely token's, on the unfiltered probabilities at the "
+             "request's temperature (penalties._mask_below_min_p; the unit test compares)",
+             cpu_only=False),
         Seam("sglang.srt.managers.schedule_batch.ScheduleBatch.cumulate_penalty_output_tokens", "requires",
              "feeds the last output token per request to the penalizers (penalties.py)", cpu_only=False),
         Seam("sglang.srt.sampling.penaltylib.min_new_tokens.BatchedMinNewTokensPenalizer", "requires",
