@@ -1,15 +1,17 @@
 """Refuse inputs SGLang 0.5.23 would accept and then die on.
 
-Two kinds of generate input pass SGLang's tokenizer-manager checks and take the scheduler
-down, with every request in flight (SGLang's own bugs, plain decoding included):
+Three kinds of generate request pass SGLang's tokenizer-manager checks and take the
+scheduler down, with every request in flight (SGLang's own bugs, plain decoding included):
 
 * an input of no tokens (``{"text": ""}`` with a tokenizer that adds no BOS,
   ``{"input_ids": [[]]}``): the prefill's logits processor indexes an empty hidden-state
   tensor;
 * a token id outside ``[0, vocab_size)`` in ``input_ids``: the target's embedding lookup
-  indexes out of range (on a GPU, a device-side assert).
+  indexes out of range (on a GPU, a device-side assert);
+* ``top_logprobs_num`` above the vocabulary size with ``return_logprob``: the top-k over
+  the logits asks for more entries than there are.
 
-Under DSPARK the plugin turns both into the caller's error: the tokenizer manager raises
+Under DSPARK the plugin turns each into the caller's error: the tokenizer manager raises
 ``ValueError``, which SGLang's HTTP server answers with status 400 (the offline ``Engine``
 runs the same check and raises it to its caller); nothing reaches the scheduler. The valid
 range is the one SGLang itself enforces for ``token_ids_logprob``.
@@ -26,9 +28,19 @@ def refuse_bad_input_ids(manager: Any, obj: Any, input_ids: Any, *args, **kwargs
     """BEFORE hook on ``TokenizerManager._validate_one_request(self, obj, input_ids)``
     (every single and batched request): on a DSPARK server a request whose ``input_ids``
     is empty or holds an id outside ``[0, model_config.vocab_size)`` is refused with
-    ``ValueError``. Requests without token ids (``input_embeds``) pass unchanged; so do a
-    multimodal request's ids (its placeholders are SGLang's to resolve)."""
-    if input_ids is None or not names_dspark(getattr(manager.server_args, "speculative_algorithm", None)):
+    ``ValueError``, and so is ``top_logprobs_num`` above ``vocab_size`` with
+    ``return_logprob``. Requests without token ids (``input_embeds``) pass the id checks;
+    so do a multimodal request's ids (its placeholders are SGLang's to resolve)."""
+    if not names_dspark(getattr(manager.server_args, "speculative_algorithm", None)):
+        return None
+    vocab = manager.model_config.vocab_size
+    top = getattr(obj, "top_logprobs_num", None)
+    if getattr(obj, "return_logprob", False) and isinstance(top, int) and top > vocab:
+        raise ValueError(
+            f"top_logprobs_num {top} is more than the model's vocabulary ({vocab} tokens): "
+            "SGLang 0.5.23's scheduler would fail on it, so sglang-dspark refuses it. Ask "
+            f"for at most {vocab}.")
+    if input_ids is None:
         return None
     if len(input_ids) == 0:
         raise ValueError(
@@ -37,7 +49,6 @@ def refuse_bad_input_ids(manager: Any, obj: Any, input_ids: Any, *args, **kwargs
             "token (for example the tokenizer's BOS token).")
     if any(getattr(obj, k, None) is not None for k in ("image_data", "video_data", "audio_data")):
         return None     # multimodal ids are SGLang's to place (it clamps them for the lookup)
-    vocab = manager.model_config.vocab_size
     low, high = min(input_ids), max(input_ids)
     if low < 0 or high >= vocab:
         bad = low if low < 0 else high

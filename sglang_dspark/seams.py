@@ -308,10 +308,12 @@ def all_seams() -> list[Seam]:
 
     seams.append(Seam(
         "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", "before",
-        "refuse input_ids that are empty or hold an id outside [0, vocab_size) with ValueError "
-        "(HTTP 400) on a DSPARK server: SGLang 0.5.23 accepts them and its scheduler dies "
-        "(request_guard.py; reads the manager's server_args.speculative_algorithm and "
-        "model_config.vocab_size)", cpu_only=False, hook=request_guard.refuse_bad_input_ids))
+        "refuse input_ids that are empty or hold an id outside [0, vocab_size), and "
+        "top_logprobs_num above vocab_size, with ValueError (HTTP 400) on a DSPARK server: "
+        "SGLang 0.5.23 accepts them and its scheduler dies (request_guard.py; reads the "
+        "manager's server_args.speculative_algorithm and model_config.vocab_size, the "
+        "request's return_logprob, top_logprobs_num and image/video/audio_data)",
+        cpu_only=False, hook=request_guard.refuse_bad_input_ids))
     # plugin discovery: the CPU bootstrap's own distribution (plugin.skip_reason, cpu/boot.py)
     seams += [
         Seam("sglang.srt.plugins._get_excluded_dists", "requires",

@@ -65,8 +65,8 @@ def test_metrics_endpoint_has_dspark_metrics(server):
 
 
 def test_inputs_sglang_dies_on_are_refused_and_the_server_lives(server, tiny_pair):
-    """SGLang 0.5.23's /generate accepts an input of no tokens or an out-of-vocabulary id
-    and its scheduler dies on it (its OpenAI routes refuse an empty prompt themselves); the
+    """SGLang 0.5.23's /generate accepts an input of no tokens, an out-of-vocabulary id or
+    more top logprobs than the vocabulary has, and its scheduler dies on it (its OpenAI routes refuse an empty prompt themselves); the
     plugin answers 400 and the server keeps serving."""
     from transformers import AutoTokenizer
 
@@ -76,7 +76,9 @@ def test_inputs_sglang_dies_on_are_refused_and_the_server_lives(server, tiny_pai
     for payload, message in [({"text": ""}, "no tokens"), ({"input_ids": [[]]}, "no tokens"),
                              ({"text": ["a", ""]}, "no tokens"),
                              ({"input_ids": [5, vocab, 7]}, f"token id {vocab}, outside"),
-                             ({"input_ids": [[5, 6], [5, -1]]}, "token id -1, outside")]:
+                             ({"input_ids": [[5, 6], [5, -1]]}, "token id -1, outside"),
+                             ({"text": "x", "return_logprob": True, "top_logprobs_num": vocab + 1},
+                              f"top_logprobs_num {vocab + 1} is more than")]:
         with pytest.raises(urllib.error.HTTPError) as e:
             http_json(server.url + "/generate", {**payload, "sampling_params": params})
         assert e.value.code == 400, payload

@@ -11,7 +11,7 @@ def _manager(algorithm="DSPARK", vocab=10):
     return NS(server_args=NS(speculative_algorithm=algorithm), model_config=NS(vocab_size=vocab))
 
 
-TEXT = NS(image_data=None, video_data=None, audio_data=None)
+TEXT = NS(image_data=None, video_data=None, audio_data=None, return_logprob=False, top_logprobs_num=None)
 
 
 @pytest.mark.parametrize("ids,message", [([], "no tokens"), ([3, 10], "token id 10, outside"),
@@ -30,3 +30,9 @@ def test_what_passes():
     assert refuse_bad_input_ids(_manager(None), TEXT, [99]) is None
     image = NS(image_data=["img"], video_data=None, audio_data=None)
     assert refuse_bad_input_ids(_manager(), image, [99]) is None
+    # top_logprobs_num: up to the vocabulary, and only with return_logprob
+    lp = NS(**{**vars(TEXT), "return_logprob": True, "top_logprobs_num": 10})
+    assert refuse_bad_input_ids(_manager(), lp, [0]) is None
+    assert refuse_bad_input_ids(_manager(), NS(**{**vars(TEXT), "top_logprobs_num": 11}), [0]) is None
+    with pytest.raises(ValueError, match="top_logprobs_num 11 is more than the model's vocabulary"):
+        refuse_bad_input_ids(_manager(), NS(**{**vars(lp), "top_logprobs_num": 11}), None)
