@@ -24,7 +24,7 @@ from typing import Any
 from sglang_dspark.seams import names_dspark
 
 
-def refuse_bad_input_ids(manager: Any, obj: Any, input_ids: Any, *args, **kwargs) -> None:
+def refuse_fatal_request(manager: Any, obj: Any, input_ids: Any, *args, **kwargs) -> None:
     """BEFORE hook on ``TokenizerManager._validate_one_request(self, obj, input_ids)``
     (every single and batched request): on a DSPARK server a request whose ``input_ids``
     is empty or holds an id outside ``[0, model_config.vocab_size)`` is refused with

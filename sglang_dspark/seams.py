@@ -313,7 +313,7 @@ def all_seams() -> list[Seam]:
         "SGLang 0.5.23 accepts them and its scheduler dies (request_guard.py; reads the "
         "manager's server_args.speculative_algorithm and model_config.vocab_size, the "
         "request's return_logprob, top_logprobs_num and image/video/audio_data)",
-        cpu_only=False, hook=request_guard.refuse_bad_input_ids))
+        cpu_only=False, hook=request_guard.refuse_fatal_request))
     # plugin discovery: the CPU bootstrap's own distribution (plugin.skip_reason, cpu/boot.py)
     seams += [
         Seam("sglang.srt.plugins._get_excluded_dists", "requires",

@@ -66,8 +66,9 @@ def test_metrics_endpoint_has_dspark_metrics(server):
 
 def test_inputs_sglang_dies_on_are_refused_and_the_server_lives(server, tiny_pair):
     """SGLang 0.5.23's /generate accepts an input of no tokens, an out-of-vocabulary id or
-    more top logprobs than the vocabulary has, and its scheduler dies on it (its OpenAI routes refuse an empty prompt themselves); the
-    plugin answers 400 and the server keeps serving."""
+    more top logprobs than the vocabulary has, and its scheduler dies on it (its OpenAI
+    routes refuse an empty prompt themselves); the plugin answers 400 and the server keeps
+    serving."""
     from transformers import AutoTokenizer
 
     assert AutoTokenizer.from_pretrained(tiny_pair["target"])("")["input_ids"] == []

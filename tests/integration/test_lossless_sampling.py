@@ -85,6 +85,7 @@ def test_t1_distribution_matches_target_under_changing_budgets_and_no_draft_step
 
     tok = AutoTokenizer.from_pretrained(soft_pair["target"])
     model = AutoModelForCausalLM.from_pretrained(soft_pair["target"], dtype=torch.float32)
+
     def observed(results, min_p):
         """The target's distributions (plain decoding's min_p applied) and the outputs'
         bucket counts at every position decided by speculative verification."""

@@ -138,7 +138,7 @@ def test_constrained_greedy_output_equals_plain_decoding(served):
     plain = served["plain"]["constrained"]
     regex, _, ebnf, free, beside, _ = plain
     assert re.fullmatch(REGEX, regex) and re.fullmatch(REGEX, beside) and regex != free
-    assert ebnf in ("foo",) or re.fullmatch(r"bar\([0-9]+\)", ebnf)
+    assert ebnf == "foo" or re.fullmatch(r"bar\([0-9]+\)", ebnf)
     for label in ("compact", "cap_accept", "static", "static_sync"):
         assert served[label]["constrained"] == plain, label
 
