@@ -189,11 +189,12 @@ def penalised_adjustments(width_kw: str) -> Callable:
     def hook(original: Callable, **kwargs) -> Any:
         info = kwargs.get("sampling_info")
         min_p = info is not None and getattr(info, "need_min_p_sampling", False)
-        if not min_p and not needs_plain_decoding(info):
+        penalised = needs_plain_decoding(info)
+        if not min_p and not penalised:
             return original(**kwargs)
         logits = kwargs["next_token_logits"]
         logits_3d = logits.view(len(info), int(kwargs[width_kw]), logits.shape[-1])
-        if needs_plain_decoding(info):
+        if penalised:
             _penalise(logits_3d, info)
             kwargs["sampling_info"] = dataclasses.replace(
                 info, penalizer_orchestrator=None, acc_additive_penalties=None, acc_scaling_penalties=None)
