@@ -1,5 +1,5 @@
 """Sampling penalties under DSPARK: repetition, frequency, presence, ``min_new_tokens``;
-and ``min_p``.
+and the verify's ``min_p``, top-k and top-p.
 
 SGLang 0.5.23's DSpark applies none of them (docs/worker.md, "Sampling penalties"): its
 decode preparation never feeds the penalizers a committed token, and its verify adds one
@@ -32,18 +32,28 @@ and reads the overlap scheduler's precomputed penalties under a field name
   ``static`` mode, no no-draft route) the drafts are verified under the relaxed penalty:
   every position penalised as the block's first.
 
-* **``min_p`` is applied in the verify** (:func:`_mask_below_min_p`, in the same hooks):
-  SGLang 0.5.23's DSpark verify ignores it (its target distribution applies temperature,
-  top-k and top-p only), so a sampled request with ``min_p`` drew tokens plain decoding
-  never draws. Masking the target logits below ``min_p`` times the most likely token's
-  probability, after every other adjustment, gives the rejection sampler plain decoding's
-  distribution, drafts or not (SGLang's plain sampler applies top-k, top-p and min-p to the
-  unfiltered probabilities; the verify's top-k commutes with the mask). With ``top_p`` below
-  1 as well the verify renormalises before its top-p cut: the tokens it may draw are a
-  subset of plain decoding's (a relaxed rule).
+* **``min_p`` is applied in the verify**: SGLang 0.5.23's DSpark verify ignores it (its
+  target distribution applies temperature, top-k and top-p only), so a sampled request
+  with ``min_p`` drew tokens plain decoding never draws. Plain decoding's sampler keeps a
+  token whose probability is at least ``min_p`` times the most likely token's, a ratio no
+  top-k or top-p cut (each keeps the most likely token) or renormalisation changes. So:
+  a request with ``top_p`` 1 has its target logits masked below that ratio after every
+  other adjustment (:func:`_mask_below_min_p`, in the same hooks), which every verify
+  route reads and the verify's top-k commutes with; a request with ``top_p`` below 1 has
+  the verify's target probabilities masked after its top-k and top-p cuts and
+  renormalised (:func:`verify_target_probs`, an AROUND hook on
+  ``build_speculative_verify_target_probs``, the only route of a batch with top-p),
+  since masking first would move the top-p cut.
+* **Top-k with top-p is plain decoding's joint rule** (:func:`verify_target_probs`):
+  SGLang's verify renormalises over the top k before its top-p cut, so it kept fewer
+  tokens than plain decoding, whose samplers (torch, and FlashInfer's ``joint`` order)
+  cut both on the unfiltered probabilities.
 
-Nothing here runs for a batch without penalties or ``min_p`` beyond two attribute checks
-per step.
+Either way the rejection sampler accepts against plain decoding's distribution, drafts
+or not.
+
+Nothing here runs for a batch without penalties, ``min_p`` or ``top_p`` beyond a few
+attribute checks per step.
 """
 
 from __future__ import annotations
@@ -53,7 +63,7 @@ import functools
 from typing import Any, Callable
 
 __all__ = ["needs_plain_decoding", "feed_committed", "stash_min_new_tokens", "MinNewTokensAhead",
-           "penalised_adjustments", "adjust_strided", "adjust_dflash"]
+           "penalised_adjustments", "adjust_strided", "adjust_dflash", "verify_target_probs"]
 
 
 def needs_plain_decoding(sampling_info: Any) -> bool:
@@ -166,18 +176,77 @@ def _penalise(logits_3d: Any, sampling_info: Any) -> None:
 
 
 def _mask_below_min_p(logits_3d: Any, sampling_info: Any) -> None:
-    """Plain decoding's ``min_p`` on every position of ``logits_3d`` ([bs, width, vocab]):
-    a token whose probability at the request's temperature is below ``min_p`` times the
-    position's most likely token's gets ``-inf`` (``l < l_max + T ln min_p``); rows with
-    ``min_p`` 0 are untouched."""
+    """Plain decoding's ``min_p`` on every position of ``logits_3d`` ([bs, width, vocab])
+    of the requests with ``top_p`` 1: a token whose probability at the request's
+    temperature is below ``min_p`` times the position's most likely token's gets ``-inf``
+    (``l < l_max + T ln min_p``); other rows are untouched (``min_p`` 0, or ``top_p`` below
+    1: :func:`verify_target_probs` masks those after the top-p cut)."""
     import torch
 
     min_ps = sampling_info.min_ps.to(device=logits_3d.device, dtype=torch.float32).view(-1, 1, 1)
     temps = sampling_info.temperatures.to(device=logits_3d.device, dtype=torch.float32).view(-1, 1, 1)
-    margin = torch.where(min_ps > 0, temps * torch.log(min_ps.clamp(min=1e-30)),
+    top_ps = sampling_info.top_ps.to(device=logits_3d.device).view(-1, 1, 1)
+    margin = torch.where((min_ps > 0) & (top_ps >= 1), temps * torch.log(min_ps.clamp(min=1e-30)),
                          torch.full_like(min_ps, float("-inf")))
     threshold = logits_3d.amax(dim=-1, keepdim=True).float() + margin          # [bs, width, 1]
     logits_3d.masked_fill_(logits_3d < threshold, float("-inf"))
+
+
+def _renorm_below_min_p(probs_3d: Any, sampling_info: Any) -> None:
+    """Plain decoding's ``min_p`` on the verify's target probabilities ``probs_3d`` ([bs,
+    width, vocab], after top-k and top-p) of the requests with ``min_p`` and ``top_p``
+    below 1: a probability below ``min_p`` times the position's largest becomes 0 and the
+    row is renormalised; other rows are left bit for bit."""
+    import torch
+
+    min_ps = sampling_info.min_ps.to(device=probs_3d.device, dtype=probs_3d.dtype).view(-1, 1, 1)
+    top_ps = sampling_info.top_ps.to(device=probs_3d.device).view(-1, 1, 1)
+    rows = (min_ps > 0) & (top_ps < 1)                                          # [bs, 1, 1]
+    probs_3d.masked_fill_(rows & (probs_3d < probs_3d.amax(dim=-1, keepdim=True) * min_ps), 0.0)
+    probs_3d.div_(torch.where(rows, probs_3d.sum(dim=-1, keepdim=True), torch.ones_like(min_ps)))
+
+
+def _joint_top_k_top_p(next_token_logits: Any, sampling_info: Any, draft_token_num: int, bs: int,
+                       max_top_k: Any = None) -> Any:
+    """The verify's target probabilities ([bs, draft_token_num, vocab]) under plain
+    decoding's top-k and top-p rule: a token is kept if its rank is below ``top_k`` and the
+    probability ranked above it, on the unfiltered distribution at the request's
+    temperature, is at most ``top_p``; the kept tokens are renormalised."""
+    import torch
+
+    scaled = next_token_logits / torch.repeat_interleave(sampling_info.temperatures, draft_token_num, dim=0)
+    vocab = int(scaled.shape[-1])
+    top_ks = torch.repeat_interleave(sampling_info.top_ks, draft_token_num, dim=0).to(
+        device=scaled.device, dtype=torch.int64).clamp(1, vocab)
+    top_ps = torch.repeat_interleave(sampling_info.top_ps, draft_token_num, dim=0).to(scaled.device)
+    k = min(max(int(max_top_k if max_top_k is not None else top_ks.max()), 1), vocab)
+    top_l, top_i = torch.topk(scaled, k, dim=-1)                                   # sorted
+    p = torch.exp(top_l - torch.logsumexp(scaled, dim=-1, keepdim=True))
+    ranks = torch.arange(k, device=scaled.device)[None, :]
+    keep = (ranks < top_ks[:, None]) & ((torch.cumsum(p, dim=-1) - p) <= top_ps[:, None])
+    p = torch.where(keep, p, 0.0)
+    out = torch.zeros_like(scaled, dtype=p.dtype).scatter_(1, top_i, p / p.sum(dim=-1, keepdim=True))
+    return out.view(bs, draft_token_num, vocab)
+
+
+def verify_target_probs(original: Callable, **kwargs) -> Any:
+    """AROUND hook on SGLang's ``build_speculative_verify_target_probs`` (keyword-only
+    arguments; returns [bs, width, vocab]), under DSPARK: a batch with top-k and top-p is
+    cut by plain decoding's joint rule (:func:`_joint_top_k_top_p`; SGLang's verify cuts
+    top-p after renormalising over the top k), and ``min_p`` is applied to the requests
+    with ``top_p`` below 1 (:func:`_renorm_below_min_p`)."""
+    info = kwargs.get("sampling_info")
+    top_p = info is not None and getattr(info, "need_top_p_sampling", False)
+    if not top_p or not _is_dspark():
+        return original(**kwargs)
+    if getattr(info, "need_top_k_sampling", True):
+        out = _joint_top_k_top_p(kwargs["next_token_logits"], info, int(kwargs["draft_token_num"]),
+                                 int(kwargs["bs"]), kwargs.get("max_top_k"))
+    else:
+        out = original(**kwargs)
+    if getattr(info, "need_min_p_sampling", False):
+        _renorm_below_min_p(out, info)
+    return out
 
 
 def penalised_adjustments(width_kw: str) -> Callable:

@@ -277,10 +277,17 @@ def all_seams() -> list[Seam]:
         Seam(f"{_verify}.apply_dflash_verify_logits_adjustments", "around",
              "the uniform verify's logits adjustments, the same rule (penalties.py)", cpu_only=False,
              hook=penalties.adjust_dflash),
+        Seam("sglang.srt.speculative.dflash_utils.build_speculative_verify_target_probs", "around",
+             "the verify's target probabilities (keywords next_token_logits, sampling_info, "
+             "draft_token_num, bs, max_top_k; [bs, width, vocab] after top-k and top-p): under "
+             "DSPARK, plain decoding's joint top-k/top-p rule, and min_p for requests with top_p "
+             "below 1 (HookRegistry carries the patch to dspark_accept's import; penalties.py)",
+             cpu_only=False, hook=penalties.verify_target_probs),
         Seam("sglang.srt.layers.sampler.top_k_top_p_min_p_sampling_from_probs_torch", "requires",
-             "rule mirrored: plain decoding's min_p keeps a token whose probability is at least "
+             "rule mirrored: plain decoding keeps a token whose rank is below top_k, whose "
+             "probability ranked above it is at most top_p, and whose probability is at least "
              "min_p times the most likely token's, on the unfiltered probabilities at the "
-             "request's temperature (penalties._mask_below_min_p; the unit test compares)",
+             "request's temperature (penalties._mask_below_min_p, _renorm_below_min_p, _joint_top_k_top_p; the unit tests compare)",
              cpu_only=False),
         Seam("sglang.srt.managers.schedule_batch.ScheduleBatch.cumulate_penalty_output_tokens", "requires",
              "feeds the last output token per request to the penalizers (penalties.py)", cpu_only=False),

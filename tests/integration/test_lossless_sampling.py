@@ -7,7 +7,8 @@ transformers (same weights).  Tokens are bucketed by their rank under p_t; the
 bucket counts O have mean E = sum_t p_t(bucket) and covariance
 sum_t (diag(p_t) - p_t p_t^T) under the null, so X^2 = d^T C^-1 d (d = O - E, one
 bucket dropped) is chi-square with 4 degrees of freedom.  We reject at alpha = 0.001.
-The same holds with ``min_p`` (plain decoding's filter applied to p_t; no token below it).
+The same holds with ``min_p``, alone and with ``top_p``, and with ``top_k`` and ``top_p``
+(plain decoding's filters applied to p_t; no token outside them).
 On the same contexts, the paper's Appendix A distortion (the top token's probability
 pushed halfway to 1, as when admission peeks at the realised token) is rejected:
 the test has the power to catch a lossy scheduler.
@@ -23,6 +24,12 @@ CRITICAL_P001 = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467}   # chi-square, by 
 BUCKETS = [(0, 1), (1, 2), (2, 3), (3, 10), (10, 1 << 30)]
 PROMPTS = ["def f(x):", "import os", "The quick brown", "class A:"]
 MIN_P = 0.002   # the soft pair: the top token ~0.77, a flat tail of ~0.0004 each (cut)
+TOP_P = 0.8     # keeps the second token where the top one is below 0.8; min_p's cut applied
+                # first (renormalising the top token above 0.8) would not
+# top-k 10 with top-p 0.9 keeps tokens below the top one (~90 expected); cutting top-p after
+# renormalising over the top 10 (the top token ~0.78 of ~0.82) would not
+TOP_K_TOP_P = {"top_k": 10, "top_p": 0.9}
+FILTERS = ({}, {"min_p": MIN_P}, {"min_p": MIN_P, "top_p": TOP_P}, TOP_K_TOP_P)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +83,8 @@ def test_t1_distribution_matches_target_under_changing_budgets_and_no_draft_step
     job = {"engine": kw, "server_info": True, "env": env,
            "batches": [{"prompts": [p], "n": n_per_prompt,
                         "sampling": {"temperature": 1.0, "max_new_tokens": new, "ignore_eos": True,
-                                     **extra}} for extra in ({}, {"min_p": MIN_P}) for p in PROMPTS]}
+                                     **extra}}
+                        for extra in FILTERS for p in PROMPTS]}
     res = run_engine_job(job, tmp_path)
     sources = res["server_info"]["internal_states"][0]["dspark_info_record"]["sglang_dspark"][
         "budget_sources"]
@@ -86,9 +94,9 @@ def test_t1_distribution_matches_target_under_changing_budgets_and_no_draft_step
     tok = AutoTokenizer.from_pretrained(soft_pair["target"])
     model = AutoModelForCausalLM.from_pretrained(soft_pair["target"], dtype=torch.float32)
 
-    def observed(results, min_p):
-        """The target's distributions (plain decoding's min_p applied) and the outputs'
-        bucket counts at every position decided by speculative verification."""
+    def observed(results, min_p=0.0, top_p=1.0, top_k=1 << 30):
+        """The target's distributions (plain decoding's top_p and min_p applied) and the
+        outputs' bucket counts at every position decided by speculative verification."""
         probs, counts, verified = [], np.zeros(len(BUCKETS)), 0
         for prompt, batch in zip(PROMPTS, results):
             pids = tok(prompt).input_ids
@@ -101,22 +109,29 @@ def test_t1_distribution_matches_target_under_changing_budgets_and_no_draft_step
                     p_all = torch.softmax(model(ids).logits[0].double(), -1).numpy()
                 for k in range(1, new):
                     p = p_all[len(pids) + k - 1]
-                    if min_p:
-                        assert p[out[k]] >= min_p * p.max(), "a token min_p filters out"
-                        p = np.where(p < min_p * p.max(), 0.0, p)
+                    if min_p or top_p < 1:      # SGLang's rule, on the unfiltered p
+                        keep = p >= min_p * p.max()
+                        order = np.argsort(-p, kind="stable")
+                        above = np.cumsum(p[order]) - p[order]
+                        keep[order[(above > top_p) | (np.arange(len(p)) >= top_k)]] = False
+                        assert keep[out[k]], "a token min_p, top_p or top_k filters out"
+                        p = np.where(keep, p, 0.0)
                         p = p / p.sum()
                     probs.append(_bucket_probs(p))
                     counts[_bucket_of(p, out[k])] += 1
         assert verified < len(PROMPTS) * n_per_prompt * new, "speculation accepted nothing"
         return np.array(probs), counts
 
-    probs, counts = observed(res["results"][:len(PROMPTS)], 0.0)
+    groups = [res["results"][i:i + len(PROMPTS)] for i in range(0, len(res["results"]), len(PROMPTS))]
+    probs, counts = observed(groups[0])
     x2 = _chi2(counts, probs)
     assert x2 < CRITICAL_DF4_P001, (x2, counts, probs.sum(0))
-    # min_p (SGLang 0.5.23's DSpark verify ignores it; sglang_dspark.penalties applies it)
-    mp_probs, mp_counts = observed(res["results"][len(PROMPTS):], MIN_P)
-    x2, critical = _chi2_merged(mp_counts, mp_probs)
-    assert x2 < critical, (x2, critical, mp_counts, mp_probs.sum(0))
+    # min_p, alone and with top_p; top_k with top_p (SGLang 0.5.23's DSpark verify ignores
+    # min_p and cuts top-p after renormalising over the top k; sglang_dspark.penalties)
+    for extra, batch in zip(FILTERS[1:], groups[1:]):
+        f_probs, f_counts = observed(batch, **extra)
+        x2, critical = _chi2_merged(f_counts, f_probs)
+        assert x2 < critical, (extra, x2, critical, f_counts, f_probs.sum(0))
 
     # power: the Appendix A distortion on the same contexts is rejected
     rng = np.random.default_rng(0)
