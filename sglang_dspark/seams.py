@@ -321,6 +321,10 @@ def all_seams() -> list[Seam]:
         "manager's server_args.speculative_algorithm and model_config.vocab_size, the "
         "request's return_logprob, top_logprobs_num and image/video/audio_data)",
         cpu_only=False, hook=request_guard.refuse_fatal_request))
+    seams.append(Seam(
+        "sglang.srt.server_args.ServerArgs.enable_deterministic_inference", "requires",
+        "the worker warns at start that DSPARK's verify samples without per-request seeds "
+        "(worker.unseeded_sampling_warning)", cpu_only=False))
     # plugin discovery: the CPU bootstrap's own distribution (plugin.skip_reason, cpu/boot.py)
     seams += [
         Seam("sglang.srt.plugins._get_excluded_dists", "requires",

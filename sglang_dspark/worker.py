@@ -69,6 +69,9 @@ class DSparkControlledWorker(DSparkWorkerV2):
         self._stats = StepStats()
         self._noise = NoiseWatch()
         online = settings.online
+        seeds = unseeded_sampling_warning(sa)
+        if seeds:
+            logger.warning("sglang-dspark: %s", seeds)
         if self._tp_size > 1 and online:
             logger.warning("sglang-dspark: tp_size=%d: budgets must agree across TP ranks without a "
                            "collective, so online/controller budgets are off; SGLang's static "
@@ -608,6 +611,18 @@ class DSparkControlledWorker(DSparkWorkerV2):
         # the whole record: SGLang's per-step records carry our decisions' predictions too,
         # and /server_info must never fail on a non-finite float
         return _json_safe(dumped)
+
+
+def unseeded_sampling_warning(server_args) -> str:
+    """What a server with ``--enable-deterministic-inference`` should be told, or "": SGLang
+    0.5.23's DSpark verify samples (rejection, bonus tokens) without the per-request seeds
+    that make plain decoding's sampled output reproducible (``sampling_seed``)."""
+    if not getattr(server_args, "enable_deterministic_inference", False):
+        return ""
+    return ("--enable-deterministic-inference: DSPARK's verify samples without per-request "
+            "seeds (sampling_params.sampling_seed), so a sampled request's output is not "
+            "reproducible run to run as it is without speculation; greedy requests are "
+            "unaffected. Drop --speculative-algorithm DSPARK where seeded sampling must repeat.")
 
 
 def _refuse_simulated_acceptance(simulate_acc_len: float, planner) -> None:

@@ -319,3 +319,14 @@ def _probe() -> dict:
 if __name__ == "__main__":
     print(json.dumps(_probe()))
 
+
+
+def test_deterministic_inference_is_told_that_drafted_steps_ignore_seeds():
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_dspark.worker import unseeded_sampling_warning
+
+    assert hasattr(ServerArgs, "enable_deterministic_inference")
+    assert unseeded_sampling_warning(SimpleNamespace(enable_deterministic_inference=False)) == ""
+    said = unseeded_sampling_warning(SimpleNamespace(enable_deterministic_inference=True))
+    assert "sampling_seed" in said and "not reproducible" in said
