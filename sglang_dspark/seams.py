@@ -287,7 +287,8 @@ def all_seams() -> list[Seam]:
              "rule mirrored: plain decoding keeps a token whose rank is below top_k, whose "
              "probability ranked above it is at most top_p, and whose probability is at least "
              "min_p times the most likely token's, on the unfiltered probabilities at the "
-             "request's temperature (penalties._mask_below_min_p, _renorm_below_min_p, _joint_top_k_top_p; the unit tests compare)",
+             "request's temperature (penalties._mask_below_min_p, _renorm_below_min_p, "
+             "_joint_top_k_top_p; the unit tests compare)",
              cpu_only=False),
         Seam("sglang.srt.managers.schedule_batch.ScheduleBatch.cumulate_penalty_output_tokens", "requires",
              "feeds the last output token per request to the penalizers (penalties.py)", cpu_only=False),

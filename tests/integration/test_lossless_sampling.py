@@ -95,8 +95,8 @@ def test_t1_distribution_matches_target_under_changing_budgets_and_no_draft_step
     model = AutoModelForCausalLM.from_pretrained(soft_pair["target"], dtype=torch.float32)
 
     def observed(results, min_p=0.0, top_p=1.0, top_k=1 << 30):
-        """The target's distributions (plain decoding's top_p and min_p applied) and the
-        outputs' bucket counts at every position decided by speculative verification."""
+        """The target's distributions (plain decoding's top_k, top_p and min_p applied) and
+        the outputs' bucket counts at every position decided by speculative verification."""
         probs, counts, verified = [], np.zeros(len(BUCKETS)), 0
         for prompt, batch in zip(PROMPTS, results):
             pids = tok(prompt).input_ids
@@ -109,7 +109,7 @@ def test_t1_distribution_matches_target_under_changing_budgets_and_no_draft_step
                     p_all = torch.softmax(model(ids).logits[0].double(), -1).numpy()
                 for k in range(1, new):
                     p = p_all[len(pids) + k - 1]
-                    if min_p or top_p < 1:      # SGLang's rule, on the unfiltered p
+                    if min_p or top_p < 1 or top_k < len(p):    # SGLang's rule, on the unfiltered p
                         keep = p >= min_p * p.max()
                         order = np.argsort(-p, kind="stable")
                         above = np.cumsum(p[order]) - p[order]

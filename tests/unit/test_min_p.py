@@ -73,7 +73,7 @@ def test_with_top_p_the_verify_keeps_what_sglangs_sampler_keeps():
     _mask_below_min_p(all_masked, NS(min_ps=min_ps, temperatures=temps, top_ps=torch.ones(bs)))
     early = build_speculative_verify_target_probs(
         next_token_logits=all_masked.view(bs * width, vocab), sampling_info=info, draft_token_num=width, bs=bs)
-    assert ((early > 0).sum() < (plain > 0).sum())
+    assert (early > 0).sum() < (plain > 0).sum()
 
 
 def test_top_k_with_top_p_is_plain_decodings_joint_rule():
