@@ -38,7 +38,8 @@ and reads the overlap scheduler's precomputed penalties under a field name
   token whose probability is at least ``min_p`` times the most likely token's, a ratio no
   top-k or top-p cut (each keeps the most likely token) or renormalisation changes. So:
   a request with ``top_p`` 1 has its target logits masked below that ratio after every
-  other adjustment (:func:`_mask_below_min_p`, in the same hooks), which every verify
+  other adjustment (:func:`_mask_below_min_p`, in the same hooks, or, in a batch with a
+  grammar, after SGLang's grammar mask: :func:`min_p_after_grammar`), which every verify
   route reads and the verify's top-k commutes with; a request with ``top_p`` below 1 has
   the verify's target probabilities masked after its top-k and top-p cuts and
   renormalised (:func:`verify_target_probs`, an AROUND hook on
@@ -63,7 +64,8 @@ import functools
 from typing import Any, Callable
 
 __all__ = ["needs_plain_decoding", "feed_committed", "stash_min_new_tokens", "MinNewTokensAhead",
-           "penalised_adjustments", "adjust_strided", "adjust_dflash", "verify_target_probs"]
+           "penalised_adjustments", "adjust_strided", "adjust_dflash", "verify_target_probs",
+           "min_p_after_grammar"]
 
 
 def needs_plain_decoding(sampling_info: Any) -> bool:
@@ -249,6 +251,27 @@ def verify_target_probs(original: Callable, **kwargs) -> Any:
     return out
 
 
+def _has_grammar(sampling_info: Any) -> bool:
+    """The batch has a constrained request (``grammars``, set for every forward): SGLang's
+    DSpark worker masks the verify logits by the grammar after the verify adjustments."""
+    return bool(getattr(sampling_info, "grammars", None))
+
+
+def min_p_after_grammar(original: Callable, **kwargs) -> Any:
+    """AROUND hook on SGLang's DSpark ``accept_draft_tokens`` (keyword-only
+    ``target_logits`` [bs * width, vocab], ``sampling_info``, ``verify_num_draft_tokens``):
+    under DSPARK, ``min_p`` for a batch with a grammar (:func:`_mask_below_min_p`), on
+    logits the grammar already masked. Plain decoding's ``min_p`` is relative to the most
+    likely token the grammar allows; masked before the grammar (in the verify adjustments,
+    as for other batches), a row could lose every token the grammar allows."""
+    info = kwargs.get("sampling_info")
+    if (info is not None and getattr(info, "need_min_p_sampling", False) and _has_grammar(info)
+            and _is_dspark()):
+        logits = kwargs["target_logits"]
+        _mask_below_min_p(logits.view(len(info), int(kwargs["verify_num_draft_tokens"]), logits.shape[-1]), info)
+    return original(**kwargs)
+
+
 def penalised_adjustments(width_kw: str) -> Callable:
     """An AROUND hook for one of SGLang's DSpark verify adjustments (keyword-only
     arguments ``next_token_logits``, ``sampling_info`` and ``width_kw``, the block width):
@@ -257,7 +280,7 @@ def penalised_adjustments(width_kw: str) -> Callable:
 
     def hook(original: Callable, **kwargs) -> Any:
         info = kwargs.get("sampling_info")
-        min_p = info is not None and getattr(info, "need_min_p_sampling", False)
+        min_p = info is not None and getattr(info, "need_min_p_sampling", False) and not _has_grammar(info)
         penalised = needs_plain_decoding(info)
         if not min_p and not penalised:
             return original(**kwargs)

@@ -283,6 +283,11 @@ def all_seams() -> list[Seam]:
              "DSPARK, plain decoding's joint top-k/top-p rule, and min_p for requests with top_p "
              "below 1 (HookRegistry carries the patch to dspark_accept's import; penalties.py)",
              cpu_only=False, hook=penalties.verify_target_probs),
+        Seam(f"{_verify}.accept_draft_tokens", "around",
+             "every eager verify accept (keywords target_logits [bs * width, vocab], "
+             "sampling_info, verify_num_draft_tokens), after SGLang's grammar mask: min_p for a "
+             "batch with a grammar (sampling_info.grammars; penalties.min_p_after_grammar)",
+             cpu_only=False, hook=penalties.min_p_after_grammar),
         Seam("sglang.srt.layers.sampler.top_k_top_p_min_p_sampling_from_probs_torch", "requires",
              "rule mirrored: plain decoding keeps a token whose rank is below top_k, whose "
              "probability ranked above it is at most top_p, and whose probability is at least "

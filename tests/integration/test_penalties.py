@@ -11,11 +11,13 @@ but ``min_new_tokens`` as plain decoding does (without overlap scheduling).
 Every server runs in float32, as the other greedy-equality tests do: a cap-accept
 no-draft step is SGLang's verify forward of the whole window, whose bfloat16 rounding
 differs from a decode forward's (docs/worker.md, "Sampling penalties").
-Constrained decoding (regex, JSON schema, EBNF) and ``min_p`` equal plain decoding in every mode.
+Constrained decoding (regex, JSON schema, EBNF) and ``min_p``, alone and with a grammar,
+equal plain decoding in every mode.
 """
 
 import json
 import re
+import urllib.error
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,14 @@ def _outputs(url: str) -> dict:
     # min_p 0.99 at temperature 1: only near-ties to the most likely token can be drawn
     min_p = [r["output_ids"] for r in http_json(url + "/generate", {"text": [PROMPT] * 4, "sampling_params": {
         "temperature": 1.0, "max_new_tokens": 24, "min_p": 0.99}})]
+    # min_p with a grammar: relative to the most likely token the grammar allows (masked
+    # before SGLang's grammar mask, a row lost every allowed token: HTTP 500)
+    try:
+        min_p_grammar = [r["text"] for r in http_json(url + "/generate", {"text": ["import os\n"] * 2,
+                         "sampling_params": {"temperature": 1.0, "max_new_tokens": 12, "min_p": 0.99,
+                                             "regex": "[0-9]{6}"}})]
+    except urllib.error.HTTPError as e:
+        min_p_grammar = f"HTTP {e.code}"
     single = [http_json(url + "/generate", {"text": PROMPT, "sampling_params": {
         "temperature": 0, "max_new_tokens": 48, **p}})["output_ids"] for p in PENALTIES]
     mixed = http_json(url + "/generate", {
@@ -73,7 +83,8 @@ def _outputs(url: str) -> dict:
         "min_new_tokens": 20, "frequency_penalty": 0.6}})["output_ids"]
     return {"single": single, "mixed": [r["output_ids"] for r in mixed], "logprob": logprob["output_ids"],
             "min_new": min_new, "with_freq": with_freq,
-            "constrained": constrained + [r["text"] for r in beside], "min_p": min_p}
+            "constrained": constrained + [r["text"] for r in beside], "min_p": min_p,
+            "min_p_grammar": min_p_grammar}
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +161,15 @@ def test_min_p_is_applied_as_plain_decoding_applies_it(served):
     assert served["plain"]["min_p"] == [greedy] * 4
     for label in ("compact", "cap_accept", "static", "static_sync"):
         assert served[label]["min_p"] == [greedy] * 4, label
+
+
+def test_min_p_with_a_grammar_is_relative_to_what_the_grammar_allows(served):
+    """A regex of digits where the pair's most likely token is not one: min_p 0.99 keeps the
+    most likely digit (plain decoding's rule), in every mode."""
+    plain = served["plain"]["min_p_grammar"]
+    assert isinstance(plain, list) and all(re.fullmatch("[0-9]{6}", t) for t in plain), plain
+    for label in ("compact", "cap_accept", "static", "static_sync"):
+        assert served[label]["min_p_grammar"] == plain, label
 
 
 @pytest.mark.xfail(strict=True, reason=(
