@@ -276,7 +276,8 @@ def penalised_adjustments(width_kw: str) -> Callable:
     """An AROUND hook for one of SGLang's DSpark verify adjustments (keyword-only
     arguments ``next_token_logits``, ``sampling_info`` and ``width_kw``, the block width):
     plain decoding's penalties first, then SGLang's adjustment without them, then
-    ``min_p`` (:func:`_mask_below_min_p`), which plain decoding's sampler applies last."""
+    ``min_p`` (:func:`_mask_below_min_p`), which plain decoding's sampler applies last (in
+    a batch with a grammar, after the grammar mask instead: :func:`min_p_after_grammar`)."""
 
     def hook(original: Callable, **kwargs) -> Any:
         info = kwargs.get("sampling_info")
